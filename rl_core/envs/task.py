@@ -1,0 +1,42 @@
+"""A control task: an MJCF model plus batched observation, reward, termination and reset functions.
+
+Tasks are plain data so a user can add one without touching MuJoCo; `BatchedMujocoEnv` does the stepping.
+All functions work on whole batches (leading axis = env) so no Python runs per env per step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+
+
+class BatchState(Protocol):
+    """The views a task function reads: live (num_envs, ·) float64 arrays over the batch's MjData rows."""
+
+    qpos: np.ndarray
+    qvel: np.ndarray
+
+
+ObservationFn = Callable[[BatchState], np.ndarray]
+# reward(state, action, qpos_before, dt) -> (num_envs,) rewards
+RewardFn = Callable[[BatchState, np.ndarray, np.ndarray, float], np.ndarray]
+TerminationFn = Callable[[BatchState], np.ndarray]
+# reset(init_qpos, init_qvel, rng) -> (qpos, qvel) for one env
+ResetFn = Callable[[np.ndarray, np.ndarray, np.random.Generator], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything that defines an episodic control task on top of one MuJoCo model."""
+
+    name: str
+    model_path: str
+    frame_skip: int
+    max_episode_steps: int
+    observation: ObservationFn
+    reward: RewardFn
+    terminated: TerminationFn
+    reset: ResetFn
+    action_low: float = -1.0
+    action_high: float = 1.0
