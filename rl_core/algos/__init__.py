@@ -1,0 +1,1 @@
+"""RL algorithms: PPO's update and advantage estimation (through `kernels.dispatch`)."""

@@ -1,0 +1,84 @@
+"""The PPO learner's whole state — policy, Adam, observation and return statistics — as flat arrays.
+
+`state()` / `load_state()` give exactly the tensors a checkpoint needs to continue bit-exactly;
+the policy subset (`policy_keys`) is what an env worker needs to act.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+
+from rl_core.config import PPOConfig
+from rl_core.policies.mlp import ActorCritic
+from rl_core.policies.normalizer import Moments, ObservationNormalizer
+
+POLICY_PREFIXES = ("model.", "obs_norm.", "return_norm.")
+
+
+class PPOLearner:
+    """Actor-critic, Adam and running statistics, seeded so equal seeds give equal initial weights."""
+
+    def __init__(self, obs_dim: int, act_dim: int, cfg: PPOConfig, seed: int) -> None:
+        torch.manual_seed(seed)
+        self.cfg = cfg
+        self.model = ActorCritic(obs_dim, act_dim, cfg.hidden, cfg.log_std_init)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=1e-5)
+        self.obs_norm = ObservationNormalizer(obs_dim)
+        self.return_norm = ObservationNormalizer(1)  # variance of discounted returns, for reward scaling
+
+    def reward_scale(self) -> float:
+        """1/std of discounted returns (gymnasium's NormalizeReward), 1 before data or when disabled."""
+        m = self.return_norm.moments
+        if not self.cfg.scale_rewards or m.count < 2:
+            return 1.0
+        return float(1.0 / np.sqrt(m.m2[0] / m.count + 1e-8))
+
+    def update_statistics(self, obs: Moments, returns: Moments) -> None:
+        """Fold a rollout's raw-observation and discounted-return moments in (after its update)."""
+        self.obs_norm.update(obs)
+        self.return_norm.update(returns)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Every tensor of the learner, keyed by a stable dotted name, as owned numpy copies."""
+        out = {f"model.{k}": v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
+        for idx, slots in self.optimizer.state_dict()["state"].items():
+            for key, value in slots.items():
+                out[f"optim.{idx}.{key}"] = value.detach().numpy().copy()
+        out.update({f"obs_norm.{k}": v for k, v in self.obs_norm.state().items()})
+        out.update({f"return_norm.{k}": v for k, v in self.return_norm.state().items()})
+        return out
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Restore from `state()` (extra keys, e.g. env state, are ignored)."""
+        self.model.load_state_dict({k[6:]: torch.from_numpy(v.copy()) for k, v in state.items() if k.startswith("model.")})
+        slots: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in state.items():
+            if key.startswith("optim."):
+                _, idx, name = key.split(".", 2)
+                slots.setdefault(int(idx), {})[name] = torch.from_numpy(value.copy())
+        optim_state = self.optimizer.state_dict()
+        optim_state["state"] = slots
+        self.optimizer.load_state_dict(optim_state)
+        self.load_policy(state)
+
+    def load_policy(self, state: dict[str, np.ndarray]) -> None:
+        """Restore only what acting needs: weights and statistics."""
+        self.model.load_state_dict({k[6:]: torch.from_numpy(v.copy()) for k, v in state.items() if k.startswith("model.")})
+        self.obs_norm.load_state({k[9:]: v for k, v in state.items() if k.startswith("obs_norm.")})
+        self.return_norm.load_state({k[12:]: v for k, v in state.items() if k.startswith("return_norm.")})
+
+
+def policy_subset(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The entries of a learner state an env worker needs."""
+    return {k: v for k, v in state.items() if k.startswith(POLICY_PREFIXES)}
+
+
+def policy_sha256(state: dict[str, np.ndarray]) -> str:
+    """Hash of the policy parameters' bytes in name order: equal hashes mean bit-identical weights."""
+    digest = hashlib.sha256()
+    for name in sorted(k for k in state if k.startswith("model.")):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(state[name]).tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,137 @@
+"""PPO's clipped-surrogate update, data-parallel over the ranks of a process group.
+
+Every rank holds the whole scored rollout; each global minibatch (the same on every rank, drawn from a
+generator seeded by (seed, iteration, epoch)) is split across ranks by stride, each rank averages the
+loss over its part, and gradients are averaged across ranks. With equal parts this is the gradient of
+the global minibatch mean, so K ranks compute what one process would (up to float summation order).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from rl_core.config import PPOConfig
+from rl_core.policies.mlp import ActorCritic
+
+# Averages a flat gradient (or metric) vector across ranks in place; identity for a single process.
+AllReduceMean = Callable[[torch.Tensor], None]
+
+
+def single_process(_: torch.Tensor) -> None:
+    """AllReduceMean for one process: nothing to average."""
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """A scored rollout flattened to B = steps * envs samples (float32 tensors)."""
+
+    obs: torch.Tensor  # (B, obs_dim) normalized observations the behaviour policy saw
+    actions: torch.Tensor  # (B, act_dim) sampled (unclipped) actions
+    logprobs: torch.Tensor  # (B,) behaviour log-probs
+    values: torch.Tensor  # (B,) behaviour value estimates
+    advantages: torch.Tensor  # (B,)
+    returns: torch.Tensor  # (B,) GAE returns, the value targets
+
+    def __len__(self) -> int:
+        return self.obs.shape[0]
+
+
+def ppo_loss(
+    model: ActorCritic, batch: RolloutBatch, idx: torch.Tensor, adv: torch.Tensor, cfg: PPOConfig
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate + value loss - entropy bonus on samples `idx` with (normalized) advantages `adv`."""
+    dist = model.distribution(batch.obs[idx])
+    logprob = dist.log_prob(batch.actions[idx]).sum(-1)
+    log_ratio = logprob - batch.logprobs[idx]
+    ratio = log_ratio.exp()
+    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+
+    value = model.value(batch.obs[idx])
+    v_err = (value - batch.returns[idx]) ** 2
+    if cfg.clip_vloss:
+        old = batch.values[idx]
+        clipped = old + (value - old).clamp(-cfg.clip_coef, cfg.clip_coef)
+        v_err = torch.max(v_err, (clipped - batch.returns[idx]) ** 2)
+    v_loss = 0.5 * v_err.mean()
+    entropy = dist.entropy().sum(-1).mean()
+    loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
+    with torch.no_grad():
+        stats = {
+            "policy_loss": pg_loss.detach(),
+            "value_loss": v_loss.detach(),
+            "entropy": entropy.detach(),
+            "approx_kl": ((ratio - 1) - log_ratio).mean(),  # Schulman's low-variance KL estimator
+            "clip_fraction": ((ratio - 1).abs() > cfg.clip_coef).float().mean(),
+        }
+    return loss, stats
+
+
+def _flat_grad(params: list[nn.Parameter]) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in params])
+
+
+def _set_flat_grad(params: list[nn.Parameter], flat: torch.Tensor) -> None:
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset : offset + n].view_as(p))
+        offset += n
+
+
+def ppo_update(
+    model: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    cfg: PPOConfig,
+    generator_seed: int,
+    learning_rate: float,
+    rank: int = 0,
+    world_size: int = 1,
+    all_reduce_mean: AllReduceMean = single_process,
+) -> dict[str, float]:
+    """`cfg.update_epochs` passes of minibatch SGD on `batch`; returns metrics averaged over steps and ranks."""
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate
+    params = [p for p in model.parameters() if p.requires_grad]
+    size = len(batch)
+    generator = torch.Generator().manual_seed(generator_seed)
+    totals: dict[str, torch.Tensor] = {}
+    steps = 0
+    epochs_run = 0
+    for _ in range(cfg.update_epochs):
+        perm = torch.randperm(size, generator=generator)
+        epoch_kl = torch.zeros(())
+        for start in range(0, size, cfg.minibatch_size):
+            mb = perm[start : start + cfg.minibatch_size]
+            adv = batch.advantages[mb]
+            if cfg.norm_adv:  # statistics of the global minibatch, identical on every rank
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            local = slice(rank, None, world_size)
+            loss, stats = ppo_loss(model, batch, mb[local], adv[local], cfg)
+            optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            if world_size > 1:
+                flat = _flat_grad(params)
+                all_reduce_mean(flat)
+                _set_flat_grad(params, flat)
+            nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            optimizer.step()
+            for k, v in stats.items():
+                totals[k] = totals.get(k, torch.zeros(())) + v
+            epoch_kl += stats["approx_kl"]
+            steps += 1
+        epochs_run += 1
+        if cfg.target_kl is not None:
+            kl = (epoch_kl / (size // cfg.minibatch_size)).reshape(1)
+            all_reduce_mean(kl)  # every rank must take the same decision
+            if kl.item() > cfg.target_kl:
+                break
+    names = sorted(totals)
+    summary = torch.stack([totals[k] / steps for k in names])
+    all_reduce_mean(summary)
+    metrics = {k: float(v) for k, v in zip(names, summary)}
+    metrics.update(epochs=float(epochs_run), minibatch_steps=float(steps))
+    return metrics

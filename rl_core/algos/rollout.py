@@ -1,0 +1,74 @@
+"""Collect a rollout from a batched env with a frozen policy; everything PPO's update needs, per step.
+
+Randomness is counter-based: the action noise of (seed, iteration, env_offset) comes from its own
+generator, so a rollout is reproducible from the checkpointed state without saving generator states.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rl_core.algos.learner import PPOLearner
+from rl_core.envs.batched import BatchedMujocoEnv
+from rl_core.policies.normalizer import Moments
+
+
+def collect_rollout(
+    env: BatchedMujocoEnv,
+    learner: PPOLearner,
+    steps: int,
+    gamma: float,
+    discounted_return: np.ndarray,
+    generator: torch.Generator,
+) -> tuple[dict[str, np.ndarray], dict]:
+    """Step `env` for `steps` steps; `discounted_return` (N,) is the per-env running return, updated in place.
+
+    Returns per-step arrays (T, N, ...) and a small summary (finished episode returns, moments).
+    """
+    n = env.num_envs
+    model, norm = learner.model, learner.obs_norm
+    obs_buf = np.zeros((steps, n, env.obs_dim), np.float32)
+    act_buf = np.zeros((steps, n, env.action_dim), np.float32)
+    logp_buf = np.zeros((steps, n), np.float32)
+    value_buf = np.zeros((steps, n), np.float32)
+    reward_buf = np.zeros((steps, n), np.float32)
+    done_buf = np.zeros((steps, n), np.float32)
+    trunc_value_buf = np.zeros((steps, n), np.float32)
+    raw_obs = np.zeros((steps, n, env.obs_dim), np.float64)
+    ret_buf = np.zeros((steps, n), np.float64)
+    finished: list[float] = []
+    obs = env.observe()
+    with torch.no_grad():
+        for t in range(steps):
+            raw_obs[t] = obs
+            x = torch.from_numpy(norm.normalize(obs))
+            dist = model.distribution(x)
+            action = dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator)
+            obs_buf[t] = x.numpy()
+            act_buf[t] = action.numpy()
+            logp_buf[t] = dist.log_prob(action).sum(-1).numpy()
+            value_buf[t] = model.value(x).numpy()
+            result = env.step(action.numpy().astype(np.float64))
+            reward_buf[t] = result.reward
+            discounted_return[:] = discounted_return * gamma + result.reward
+            ret_buf[t] = discounted_return
+            done = result.terminated | result.truncated
+            done_buf[t] = done
+            if result.truncated.any():  # bootstrap the cut-off tail from the critic (time limit, not failure)
+                idx = np.flatnonzero(result.truncated)
+                final = torch.from_numpy(norm.normalize(result.final_obs[idx]))
+                trunc_value_buf[t, idx] = model.value(final).numpy()
+            discounted_return[done] = 0.0
+            finished.extend(result.finished_returns.tolist())
+            obs = result.obs
+        next_value = model.value(torch.from_numpy(norm.normalize(obs))).numpy()
+    arrays = {
+        "obs": obs_buf, "actions": act_buf, "logprobs": logp_buf, "values": value_buf, "rewards": reward_buf,
+        "dones": done_buf, "trunc_values": trunc_value_buf, "next_value": next_value.astype(np.float32),
+    }
+    obs_m, ret_m = Moments.of(raw_obs), Moments.of(ret_buf[..., None])
+    arrays.update({
+        "obs_moments.count": np.array(obs_m.count), "obs_moments.mean": obs_m.mean, "obs_moments.m2": obs_m.m2,
+        "ret_moments.count": np.array(ret_m.count), "ret_moments.mean": ret_m.mean, "ret_moments.m2": ret_m.m2,
+    })
+    return arrays, {"finished_returns": finished, "env_steps": steps * n}

@@ -1,0 +1,51 @@
+"""run.json: who a run is. Created once; a later start with the same name must match its configuration.
+
+The incarnation id tells apart two runs that share a name because the first was deleted: cache keys
+include it, so a new run never reuses cached step results that point at deleted files.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import fsspec
+
+from rl_core.config import ConfigError, RunConfig
+from rl_core.data.run_layout import RunLayout
+
+# Fields a continued run may change: how far to go and how much to evaluate, not what is trained.
+CONTINUABLE_FIELDS = {"iterations", "eval_episodes", "store"}
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    incarnation: str
+    created: str
+    is_new: bool
+
+
+def _comparable(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k not in CONTINUABLE_FIELDS}
+
+
+def open_run(cfg: RunConfig) -> RunInfo:
+    """Create the run's run.json, or check that an existing one was made with a compatible config."""
+    layout = RunLayout(cfg.run_url)
+    fs, path = fsspec.core.url_to_fs(layout.run_info)
+    current = cfg.model_dump(mode="json")
+    if fs.exists(path):
+        stored = json.loads(fs.cat_file(path))
+        before, now = _comparable(stored["config"]), _comparable(current)
+        changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+        if changed:
+            diffs = "; ".join(f"{k}: was {before.get(k)!r}, now {now.get(k)!r}" for k in changed)
+            raise ConfigError(f"run {cfg.run_name!r} at {cfg.run_url} exists with another configuration ({diffs}); "
+                              "continue it with the same settings or start a new --run-name")
+        return RunInfo(stored["incarnation"], stored["created"], is_new=False)
+    info = RunInfo(uuid.uuid4().hex, datetime.now(timezone.utc).isoformat(), is_new=True)
+    fs.makedirs(fs._parent(path), exist_ok=True)
+    fs.pipe_file(path, json.dumps({"incarnation": info.incarnation, "created": info.created, "config": current},
+                                  indent=2).encode())
+    return info

@@ -1,0 +1,31 @@
+"""Where a run keeps what: one place that knows the paths, so steps agree on them by construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Paths under a run's fsspec URL: checkpoints, per-iteration step outputs, run metadata."""
+
+    run_url: str
+
+    @property
+    def checkpoints(self) -> str:
+        return f"{self.run_url}/checkpoints"
+
+    @property
+    def run_info(self) -> str:
+        return f"{self.run_url}/run.json"
+
+    def iteration(self, iteration: int) -> str:
+        return f"{self.run_url}/steps/{iteration:06d}"
+
+    def experience(self, iteration: int, worker: int) -> str:
+        return f"{self.iteration(iteration)}/experience-{worker:03d}.safetensors"
+
+    def scored(self, iteration: int) -> str:
+        return f"{self.iteration(iteration)}/scored.safetensors"
+
+    def staged_learner(self, iteration: int) -> str:
+        return f"{self.iteration(iteration)}/learner.safetensors"

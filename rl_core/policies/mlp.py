@@ -1,0 +1,47 @@
+"""MLP actor-critic with a state-independent log-std (the PPO paper's continuous-control policy)."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def _layer(in_dim: int, out_dim: int, gain: float) -> nn.Linear:
+    """Orthogonal weights and zero bias: keeps early activations well scaled (Engstrom et al., 2020)."""
+    layer = nn.Linear(in_dim, out_dim)
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, out_gain: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [_layer(in_dim, width, math.sqrt(2)), nn.Tanh()]
+        in_dim = width
+    layers.append(_layer(in_dim, out_dim, out_gain))
+    return nn.Sequential(*layers)
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs; the actor's last layer starts tiny so initial actions are near 0."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...] = (64, 64), log_std_init: float = 0.0):
+        super().__init__()
+        self.actor = _mlp(obs_dim, hidden, act_dim, out_gain=0.01)
+        self.critic = _mlp(obs_dim, hidden, 1, out_gain=1.0)
+        self.log_std = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """(B,) state values."""
+        return self.critic(obs).squeeze(-1)
+
+    def distribution(self, obs: torch.Tensor) -> torch.distributions.Normal:
+        """Diagonal Gaussian over actions."""
+        mean = self.actor(obs)
+        return torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean))
+
+    def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """The mean action, used for evaluation."""
+        return self.actor(obs)

@@ -1,0 +1,74 @@
+"""PPO's update: it improves its objective, and K gloo ranks compute what one process computes."""
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from rl_core.algos.ppo import RolloutBatch, ppo_loss, ppo_update
+from rl_core.config import PPOConfig
+from rl_core.data import read_tensors, write_tensors
+from rl_core.policies.mlp import ActorCritic
+
+CFG = PPOConfig(update_epochs=2, minibatch_size=64)
+
+
+def _setup(seed: int = 0) -> tuple[ActorCritic, torch.optim.Optimizer, RolloutBatch]:
+    torch.manual_seed(seed)
+    model = ActorCritic(17, 6)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-4, eps=1e-5)
+    g = torch.Generator().manual_seed(1)
+    obs = torch.randn(256, 17, generator=g)
+    with torch.no_grad():
+        dist_ = model.distribution(obs)
+        actions = dist_.sample()
+        logprobs = dist_.log_prob(actions).sum(-1)
+        values = model.value(obs)
+    adv = torch.randn(256, generator=g)
+    return model, optimizer, RolloutBatch(obs, actions, logprobs, values, adv, values + adv)
+
+
+def test_update_lowers_the_loss_and_reports_metrics() -> None:
+    model, optimizer, batch = _setup()
+    idx = torch.arange(len(batch))
+    before, _ = ppo_loss(model, batch, idx, batch.advantages, CFG)
+    metrics = ppo_update(model, optimizer, batch, CFG, generator_seed=0, learning_rate=1e-3)
+    after, _ = ppo_loss(model, batch, idx, batch.advantages, CFG)
+    assert after < before
+    assert metrics["minibatch_steps"] == 8 and np.isfinite(list(metrics.values())).all()
+
+
+def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+    def all_reduce_mean(t: torch.Tensor) -> None:
+        dist.all_reduce(t)
+        t.div_(world)
+
+    model, optimizer, batch = _setup()
+    ppo_update(model, optimizer, batch, CFG, generator_seed=0, learning_rate=3e-4,
+               rank=rank, world_size=world, all_reduce_mean=all_reduce_mean)
+    write_tensors(f"file://{out_dir}/rank{rank}.safetensors",
+                  {k: v.detach().numpy() for k, v in model.state_dict().items()})
+    dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_match_one_process(tmp_path) -> None:
+    torch.set_num_threads(1)
+    model, optimizer, batch = _setup()
+    ppo_update(model, optimizer, batch, CFG, generator_seed=0, learning_rate=3e-4)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_main, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    rank0 = read_tensors(f"file://{tmp_path}/rank0.safetensors")[0]
+    rank1 = read_tensors(f"file://{tmp_path}/rank1.safetensors")[0]
+    for name, value in model.state_dict().items():
+        assert np.array_equal(rank0[name], rank1[name]), f"ranks disagree on {name}"
+        np.testing.assert_allclose(rank0[name], value.numpy(), atol=1e-6, err_msg=name)
