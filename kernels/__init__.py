@@ -1,0 +1,89 @@
+"""Hot ops with tuned implementations: call `dispatch(op)` instead of a fixed function.
+
+Why: the fastest way to compute an op (GAE, losses, gathers) depends on shape, dtype, device and library versions,
+and fast rewrites are easy to get subtly wrong. So each op keeps a readable reference, candidates are verified
+against it and timed (`autotune`), the winner per shape bucket is cached on disk, and `dispatch` routes each call to
+that winner, or to the reference when nothing is tuned. A wrong or slower candidate can never be chosen.
+
+This package stands alone: it imports nothing from rl_core, flows, tasks or prefect.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# `python -m kernels.autotune` runs a module this package already imported; runpy warns about that, harmlessly.
+warnings.filterwarnings("ignore", message=r"'kernels\.autotune' found in sys\.modules", category=RuntimeWarning)
+
+from kernels import gae as _gae  # noqa: E402,F401 - registers the GAE op
+from kernels.autotune import BucketReport, CandidateResult, TuneReport, autotune  # noqa: E402
+from kernels.cache import WinnerFile, cache_key, winners_path  # noqa: E402
+from kernels.registry import (  # noqa: E402
+    REFERENCE,
+    CandidateUnavailable,
+    Kernel,
+    Op,
+    Tolerance,
+    describe,
+    get_op,
+    register,
+    registered_ops,
+    unregister,
+)
+
+__all__ = [
+    "REFERENCE", "BucketReport", "CandidateResult", "CandidateUnavailable", "Dispatcher", "Kernel", "Op",
+    "Tolerance", "TuneReport", "autotune", "dispatch", "get_op", "register", "registered_ops", "unregister",
+]
+
+
+class Dispatcher:
+    """Callable standing in for an op: each call runs the cached winner for the call's bucket, else the reference.
+
+    The cache file is read lazily and re-read when it changes, so a winner tuned by another process is picked up
+    without a restart. Per call this costs one stat() and a dict lookup.
+    """
+
+    def __init__(self, op: Op) -> None:
+        self.op = op
+        self._signature = inspect.signature(op.reference)
+        self._files: dict[Path, WinnerFile] = {}
+        self._chosen: dict[tuple, str] = {}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        inputs = self._positional(args, kwargs)
+        name = self.choose(*inputs)
+        return (self.op.reference if name == REFERENCE else self.op.candidates[name])(*inputs)
+
+    def choose(self, *args: Any, **kwargs: Any) -> str:
+        """Name of the implementation a call with these arguments runs (useful for logs and tests)."""
+        inputs = self._positional(args, kwargs)
+        path = winners_path()
+        file = self._files.get(path)
+        if file is None:
+            file = self._files[path] = WinnerFile(path)
+        if file.refresh():
+            self._chosen = {}
+        bucket, (dtype, device), threads = self.op.bucket(inputs), describe(inputs), torch.get_num_threads()
+        memo = (path, tuple(bucket.items()), dtype, device, threads)
+        if memo not in self._chosen:
+            winner = file.winner(cache_key(self.op, bucket, dtype, device, threads))
+            self._chosen[memo] = winner if winner in self.op.candidates else REFERENCE
+        return self._chosen[memo]
+
+    def _positional(self, args: tuple, kwargs: dict) -> tuple:
+        if not kwargs:
+            return args
+        bound = self._signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.args
+
+
+def dispatch(op: str) -> Dispatcher:
+    """A callable with the signature of `op`'s reference that runs the tuned winner for each call's shape."""
+    return Dispatcher(get_op(op))
