@@ -117,7 +117,7 @@ def ppo_update(
                 flat = _flat_grad(params)
                 all_reduce_mean(flat)
                 _set_flat_grad(params, flat)
-            nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True)
             optimizer.step()
             for k, v in stats.items():
                 totals[k] = totals.get(k, torch.zeros(())) + v

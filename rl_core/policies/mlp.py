@@ -40,7 +40,7 @@ class ActorCritic(nn.Module):
     def distribution(self, obs: torch.Tensor) -> torch.distributions.Normal:
         """Diagonal Gaussian over actions."""
         mean = self.actor(obs)
-        return torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean))
+        return torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean), validate_args=False)
 
     def deterministic_action(self, obs: torch.Tensor) -> torch.Tensor:
         """The mean action, used for evaluation."""

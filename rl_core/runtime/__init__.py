@@ -1,0 +1,1 @@
+"""Where the heavy work runs: Ray env-worker pool and the torch.distributed trainer group."""

@@ -1,0 +1,91 @@
+"""One rank of the trainer group: PPO updates with gradients averaged over a torch.distributed group.
+
+Like env workers, a rank remembers which checkpoint version its learner holds and restores from the
+store when asked to train from another, so retried and resumed steps start from committed state.
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rl_core.algos.learner import PPOLearner
+from rl_core.algos.ppo import RolloutBatch, ppo_update
+from rl_core.checkpoint import CheckpointStore
+from rl_core.config import RunConfig
+from rl_core.data import RunLayout, read_tensors, write_tensors
+from rl_core.envs import BatchedMujocoEnv, get_task
+from rl_core.policies.normalizer import Moments
+from rl_core.runtime.seeding import derive_seed
+
+COLLECTIVE_TIMEOUT = timedelta(seconds=120)
+
+
+class TrainerRank:
+    """Rank `rank` of `world_size`; `connect` joins the process group once, `train` runs per iteration."""
+
+    def __init__(self, config_json: str, rank: int, world_size: int) -> None:
+        torch.set_num_threads(1)
+        self.cfg = RunConfig.model_validate_json(config_json)
+        self.rank, self.world_size = rank, world_size
+        self.layout = RunLayout(self.cfg.run_url)
+        self.store = CheckpointStore(self.layout.checkpoints, full_every=self.cfg.full_every)
+        probe = BatchedMujocoEnv(get_task(self.cfg.env), 1, seed=0)
+        self.learner = PPOLearner(probe.obs_dim, probe.action_dim, self.cfg.ppo, self.cfg.seed)
+        self.learner_version: int | None = None
+
+    def connect(self, master_addr: str, master_port: int) -> None:
+        """Join the gloo (CPU) or NCCL (CUDA) group; blocks until every rank has joined."""
+        if master_addr == "127.0.0.1":
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep gloo's traffic on loopback too
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(
+            backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
+            world_size=self.world_size, timeout=COLLECTIVE_TIMEOUT,
+        )
+
+    def _all_reduce_mean(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor.div_(self.world_size)
+
+    def _sync(self, version: int) -> None:
+        if self.learner_version != version:
+            self.learner.load_state(self.store.load(version).tensors)
+            self.learner_version = version
+
+    def initial_state(self) -> dict[str, np.ndarray]:
+        """The seeded learner state of a new run (version 0)."""
+        return self.learner.state()
+
+    def train(self, iteration: int, version: int) -> dict:
+        """PPO epochs on iteration's scored batch, from checkpoint `version`; rank 0 stages the result."""
+        self._sync(version)
+        self.learner_version = None  # mid-update until it completes
+        arrays, meta = read_tensors(self.layout.scored(iteration))
+        batch = RolloutBatch(*(torch.from_numpy(arrays[k]) for k in
+                               ("obs", "actions", "logprobs", "values", "advantages", "returns")))
+        cfg = self.cfg.ppo
+        frac = 1.0 - iteration / self.cfg.iterations if cfg.anneal_lr else 1.0
+        metrics = ppo_update(
+            self.learner.model, self.learner.optimizer, batch, cfg,
+            generator_seed=derive_seed(self.cfg.seed, iteration, 7), learning_rate=cfg.learning_rate * max(frac, 0.0),
+            rank=self.rank, world_size=self.world_size,
+            all_reduce_mean=self._all_reduce_mean if self.world_size > 1 else lambda _: None,
+        )
+        self.learner.update_statistics(
+            Moments(float(arrays["obs_moments.count"]), arrays["obs_moments.mean"], arrays["obs_moments.m2"]),
+            Moments(float(arrays["ret_moments.count"]), arrays["ret_moments.mean"], arrays["ret_moments.m2"]),
+        )
+        if self.rank == 0:
+            write_tensors(self.layout.staged_learner(iteration), self.learner.state(),
+                          {"iteration": iteration, "parent_version": version})
+        self.learner_version = version + 1
+        return metrics
+
+    def close(self) -> None:
+        """Leave the process group."""
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,74 @@
+"""K trainer ranks on Ray actors joined in one torch.distributed group that lives across iterations."""
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+import ray
+
+from rl_core.config import RunConfig
+from rl_core.runtime.local_ray import ensure_ray
+from rl_core.runtime.trainer import TrainerRank
+
+
+class TrainerGroupBroken(RuntimeError):
+    """A rank died or a collective failed; the group is rebuilt on the next use."""
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class TrainerGroup:
+    """The run's trainer ranks; `train(k, ...)` runs rank k's share of one iteration's update."""
+
+    def __init__(self, cfg: RunConfig, master_addr: str = "127.0.0.1") -> None:
+        ensure_ray(cfg.num_workers + cfg.num_ranks)
+        self.cfg = cfg
+        self.master_addr = master_addr
+        self._ranks: list[ray.actor.ActorHandle] = []
+        self._lock = threading.Lock()  # the K train_shard tasks call in from K threads at once
+
+    def _ensure(self) -> list[ray.actor.ActorHandle]:
+        with self._lock:
+            if not self._ranks:
+                remote = ray.remote(num_cpus=1)(TrainerRank)
+                world = self.cfg.num_ranks
+                ranks = [remote.remote(self.cfg.model_dump_json(), k, world) for k in range(world)]
+                port = _free_port(self.master_addr)
+                ray.get([r.connect.remote(self.master_addr, port) for r in ranks])
+                self._ranks = ranks
+            return self._ranks
+
+    def initial_state(self) -> dict[str, np.ndarray]:
+        """The seeded initial learner state (from rank 0)."""
+        return ray.get(self._ensure()[0].initial_state.remote())
+
+    def train(self, rank: int, iteration: int, version: int) -> dict:
+        """Rank `rank`'s part of iteration `iteration`, from checkpoint `version`; all ranks must be called."""
+        ranks = self._ensure()
+        try:
+            return ray.get(ranks[rank].train.remote(iteration, version))
+        except (ray.exceptions.RayActorError, RuntimeError) as err:
+            self._discard(ranks)
+            raise TrainerGroupBroken(f"trainer rank {rank} of run {self.cfg.run_name} failed: {err}; "
+                                     "the group is rebuilt from the last checkpoint on retry") from err
+
+    def _discard(self, ranks: list[ray.actor.ActorHandle]) -> None:
+        """Kill a failed group unless another thread already replaced it."""
+        with self._lock:
+            if self._ranks is ranks:
+                self._kill()
+
+    def _kill(self) -> None:
+        for r in self._ranks:
+            ray.kill(r, no_restart=True)
+        self._ranks = []
+
+    def shutdown(self) -> None:
+        """Stop the ranks (the process group goes with them)."""
+        with self._lock:
+            self._kill()
