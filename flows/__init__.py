@@ -1,0 +1,1 @@
+"""Prefect flows: the readable plans of gymflow's runs."""

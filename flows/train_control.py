@@ -1,0 +1,157 @@
+"""Control RL (PPO on MuJoCo) as a Prefect flow: the readable plan of one training run.
+
+    kernel_autotune                         once (cached per machine and library versions)
+    checkpoint_init                         where the run stands (version 0 for a new run)
+    for each iteration i from there:
+        simulate(i, v_i)      -> experience shards   (Ray env workers, batched MuJoCo)
+        score(i)              -> advantages/returns  (GAE through kernels.dispatch)
+        train_shard(i, k)     for k < K, together   (one torch.distributed group on Ray)
+        checkpoint_diff(i)    -> version v_i+1       (lossless delta, zstd, fsspec)
+    evaluate(final version)
+
+`python -m flows.train_control` runs it on embedded defaults: a temporary local Prefect API, a local
+Ray on 127.0.0.1 and a file:// store under ./runs/<run name>/. The same run name continues a run.
+"""
+from __future__ import annotations
+
+import flows.embedded_defaults  # noqa: F401  (must precede prefect and ray)
+
+import argparse
+import atexit
+import json
+import logging
+import math
+import sys
+import time
+
+from prefect import flow, get_run_logger
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from flows import progress
+from rl_core.config import PRESETS, ConfigError, build_config
+from rl_core.data.run_info import open_run
+from rl_core.runtime.versions import storage_report
+from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init
+from tasks.evaluate import evaluate
+from tasks.kernel_autotune import kernel_autotune
+from tasks.runtime import release
+from tasks.score import score
+from tasks.simulate import simulate
+from tasks.train_shard import train_shard
+
+
+@flow(name="train-control", task_runner=ThreadPoolTaskRunner(max_workers=16))
+def train_control(
+    run_name: str | None = None,
+    preset: str = "quick",
+    seed: int = 0,
+    iterations: int | None = None,
+    env: str = "HalfCheetah-v5",
+    store: str = "file://./runs",
+    num_ranks: int | None = None,
+    num_workers: int | None = None,
+    envs_per_worker: int | None = None,
+    rollout_steps: int | None = None,
+) -> dict:
+    """Train until the run has `iterations` iterations, then evaluate; returns the run's summary."""
+    started = time.perf_counter()
+    cfg = build_config(
+        preset, run_name=run_name or default_run_name(env, preset, seed), seed=seed, iterations=iterations,
+        env=env, store=store, num_ranks=num_ranks, num_workers=num_workers,
+        envs_per_worker=envs_per_worker, rollout_steps=rollout_steps,
+    )
+    logger = get_run_logger()
+    run = open_run(cfg)
+    logger.info("run %s (%s) at %s", cfg.run_name, "new" if run.is_new else "continued", cfg.run_url)
+    try:
+        tuning = kernel_autotune(cfg)
+        version = checkpoint_init(cfg, run.incarnation)["version"]
+        progress.start(version, cfg.iterations)
+        recent_returns: list[float] = []
+        for iteration in range(version, cfg.iterations):
+            sim = simulate(cfg, run.incarnation, iteration, version)
+            scored = score(cfg, run.incarnation, iteration, version, sim["experience"])
+            shards = [train_shard.submit(cfg, run.incarnation, iteration, version, k, scored["scored"])
+                      for k in range(cfg.num_ranks)]
+            trained = [s.result() for s in shards]
+            committed = checkpoint_diff(cfg, run.incarnation, iteration, version, trained[0]["staged"], sim["experience"])
+            version = committed["version"]
+            recent_returns = (recent_returns + sim["finished_returns"])[-cfg.num_workers * cfg.envs_per_worker:]
+            mean_return = sum(recent_returns) / len(recent_returns) if recent_returns else math.nan
+            progress.report_iteration(sim["env_steps"], mean_return)
+            logger.info("iteration %d: version %d, %d env steps, mean return %.1f, kl %.4f, %d bytes stored",
+                        iteration + 1, version, sim["env_steps"], mean_return, trained[0]["approx_kl"],
+                        committed["encoded_bytes"])
+        result = evaluate(cfg, run.incarnation, version)
+    finally:
+        release(cfg)
+    return {
+        **result,
+        "env_steps": storage_report(cfg)["env_steps"],
+        "iterations": cfg.iterations,
+        "wall_s": round(time.perf_counter() - started, 2),
+        "run_dir": cfg.run_url,
+        "checkpoints": storage_report(cfg),
+        "kernels": tuning,
+    }
+
+
+def default_run_name(env: str, preset: str, seed: int) -> str:
+    """`HalfCheetah-v5-quick-s0`: rerunning the same command continues (or re-reports) the same run."""
+    return f"{env}-{preset}-s{seed}"
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m flows.train_control", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-name", help="run folder name; the same name continues that run "
+                                           "(default: <env>-<preset>-s<seed>)")
+    parser.add_argument("--preset", default="quick", help=f"one of {', '.join(PRESETS)} (default quick)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--iterations", type=int, help="total iterations of the run (default: the preset's)")
+    parser.add_argument("--env", default="HalfCheetah-v5")
+    parser.add_argument("--store", default="file://./runs", help="fsspec URL the run folder lives under")
+    parser.add_argument("--num-ranks", type=int, help="trainer ranks K (torch.distributed)")
+    parser.add_argument("--num-workers", type=int, help="env-worker actors")
+    parser.add_argument("--verbose", action="store_true", help="show Prefect's task-run logs too")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: run the flow with a progress bar, print a summary, and end with one JSON line."""
+    from rich.console import Console
+
+    from flows.summary import print_summary
+
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    console = Console(stderr=False)
+    if not args.verbose:  # the progress bar tells the same story; keep warnings and errors
+        for name in ("prefect", "prefect.flow_runs", "prefect.task_runs"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    last_line: list[str] = []
+    # Registered before the flow starts Prefect's temporary server, so it runs after that server's
+    # exit-time shutdown message: the JSON stays the last line of output.
+    atexit.register(lambda: last_line and print(last_line[0], flush=True))
+    try:
+        with progress.terminal_progress(console):
+            summary = train_control(
+                run_name=args.run_name, preset=args.preset, seed=args.seed, iterations=args.iterations,
+                env=args.env, store=args.store, num_ranks=args.num_ranks, num_workers=args.num_workers,
+            )
+    except ConfigError as err:
+        console.print(f"[red]error:[/red] {err}")
+        return 2
+    print_summary(console, summary)
+    last_line.append(json.dumps(summary_line(summary)))
+    return 0
+
+
+def summary_line(summary: dict) -> dict:
+    """The machine-readable last line: the figures a script or CI checks."""
+    keys = ("final_return", "random_return", "env_steps", "wall_s", "run_dir", "policy_sha256", "iterations")
+    line = {k: summary[k] for k in keys}
+    line["checkpoint_bytes"] = summary["checkpoints"]["stored_bytes"]
+    return line
+
+
+if __name__ == "__main__":
+    sys.exit(main())

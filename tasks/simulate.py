@@ -1,0 +1,25 @@
+"""simulate: one rollout per env worker (Ray actors stepping batched MuJoCo) from a checkpoint version."""
+from __future__ import annotations
+
+import time
+
+from prefect import task
+
+from rl_core.config import RunConfig
+from tasks.caching import STEP_OPTIONS, step_cache_key
+from tasks.runtime import env_pool
+
+
+@task(name="simulate", cache_key_fn=step_cache_key, **STEP_OPTIONS)
+def simulate(cfg: RunConfig, incarnation: str, iteration: int, version: int) -> dict:
+    """Experience shard URIs and rollout metrics of `iteration`, acting with checkpoint `version`."""
+    start = time.perf_counter()
+    parts = env_pool(cfg).simulate(iteration, version)
+    seconds = time.perf_counter() - start
+    steps = sum(p["env_steps"] for p in parts)
+    return {
+        "experience": [p["uri"] for p in parts],
+        "env_steps": steps,
+        "seconds": seconds,
+        "finished_returns": [r for p in parts for r in p["finished_returns"]],
+    }

@@ -1,0 +1,52 @@
+"""Test-session isolation: Prefect, kernel caches and runs live in a temp dir; Ray stays on loopback.
+
+Set before prefect or ray is imported (pytest imports this file first), so no test reads or writes the
+user's ~/.prefect, tuned kernels or ./runs, and a cache hit can never leak in from a dev run.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+_SESSION_DIR = tempfile.mkdtemp(prefix="gymflow-tests-")
+os.environ["PREFECT_HOME"] = os.path.join(_SESSION_DIR, "prefect")
+os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = os.path.join(_SESSION_DIR, "prefect", "results")
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
+os.environ.setdefault("GYMFLOW_CACHE_DIR", os.path.join(_SESSION_DIR, "cache"))
+os.environ.pop("RAY_ADDRESS", None)
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+
+import shutil  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def session_dir() -> Iterator[str]:
+    """The session's private temp dir, removed at the end."""
+    yield _SESSION_DIR
+    shutil.rmtree(_SESSION_DIR, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def local_ray(session_dir: str) -> Iterator[None]:
+    """A Ray started by this test session (on 127.0.0.1), shut down by it: never someone else's Ray."""
+    import ray
+
+    from rl_core.runtime.local_ray import ensure_ray
+
+    ensure_ray(4)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def prefect_api(session_dir: str) -> Iterator[None]:
+    """A throw-away Prefect API and database for the session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
