@@ -15,6 +15,7 @@ from torch import nn
 
 from rl_core.config import PPOConfig
 from rl_core.policies.mlp import ActorCritic
+from rl_core.seeding import torch_generator
 
 # Averages a flat gradient (or metric) vector across ranks in place; identity for a single process.
 AllReduceMean = Callable[[torch.Tensor], None]
@@ -91,19 +92,23 @@ def ppo_update(
     rank: int = 0,
     world_size: int = 1,
     all_reduce_mean: AllReduceMean = single_process,
-) -> dict[str, float]:
-    """`cfg.update_epochs` passes of minibatch SGD on `batch`; returns metrics averaged over steps and ranks."""
+    start_epoch: int = 0,
+    on_epoch_end: Callable[[dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
+    """Epochs `start_epoch`..`cfg.update_epochs - 1` of minibatch SGD on `batch`; one metrics dict per epoch run.
+
+    Each epoch draws its own permutation from (generator_seed, epoch), so an update resumed at an epoch
+    boundary (after `on_epoch_end` saved the state) continues exactly as if it had never stopped.
+    """
     for group in optimizer.param_groups:
         group["lr"] = learning_rate
     params = [p for p in model.parameters() if p.requires_grad]
     size = len(batch)
-    generator = torch.Generator().manual_seed(generator_seed)
-    totals: dict[str, torch.Tensor] = {}
-    steps = 0
-    epochs_run = 0
-    for _ in range(cfg.update_epochs):
-        perm = torch.randperm(size, generator=generator)
-        epoch_kl = torch.zeros(())
+    history: list[dict[str, float]] = []
+    for epoch in range(start_epoch, cfg.update_epochs):
+        perm = torch.randperm(size, generator=torch_generator(generator_seed, epoch))
+        totals: dict[str, torch.Tensor] = {}
+        steps = 0
         for start in range(0, size, cfg.minibatch_size):
             mb = perm[start : start + cfg.minibatch_size]
             adv = batch.advantages[mb]
@@ -121,17 +126,24 @@ def ppo_update(
             optimizer.step()
             for k, v in stats.items():
                 totals[k] = totals.get(k, torch.zeros(())) + v
-            epoch_kl += stats["approx_kl"]
             steps += 1
-        epochs_run += 1
-        if cfg.target_kl is not None:
-            kl = (epoch_kl / (size // cfg.minibatch_size)).reshape(1)
-            all_reduce_mean(kl)  # every rank must take the same decision
-            if kl.item() > cfg.target_kl:
-                break
-    names = sorted(totals)
-    summary = torch.stack([totals[k] / steps for k in names])
-    all_reduce_mean(summary)
-    metrics = {k: float(v) for k, v in zip(names, summary)}
-    metrics.update(epochs=float(epochs_run), minibatch_steps=float(steps))
-    return metrics
+        names = sorted(totals)
+        means = torch.stack([totals[k] / steps for k in names])
+        all_reduce_mean(means)  # every rank sees (and decides on) the same numbers
+        metrics = {k: float(v) for k, v in zip(names, means)}
+        stop = cfg.target_kl is not None and metrics["approx_kl"] > cfg.target_kl
+        metrics.update(epoch=float(epoch), minibatch_steps=float(steps), early_stop=float(stop))
+        history.append(metrics)
+        if on_epoch_end is not None:
+            on_epoch_end(metrics)
+        if stop:
+            break
+    return history
+
+
+def summarize_epochs(history: list[dict[str, float]]) -> dict[str, float]:
+    """Mean of each metric over the epochs, plus how many epochs and minibatch steps ran."""
+    keys = [k for k in history[0] if k not in ("epoch", "minibatch_steps", "early_stop")]
+    summary = {k: sum(h[k] for h in history) / len(history) for k in keys}
+    summary.update(epochs=float(len(history)), minibatch_steps=sum(h["minibatch_steps"] for h in history))
+    return summary

@@ -29,3 +29,7 @@ class RunLayout:
 
     def staged_learner(self, iteration: int) -> str:
         return f"{self.iteration(iteration)}/learner.safetensors"
+
+    def train_progress(self, iteration: int) -> str:
+        """Epoch checkpoints of iteration's update: removed with the iteration's step outputs once committed."""
+        return f"{self.iteration(iteration)}/train-progress"

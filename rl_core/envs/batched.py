@@ -19,7 +19,7 @@ import mujoco
 import mujoco.batch
 import numpy as np
 
-from rl_core.envs.task import Task
+from rl_core.envs.task import Task, load_model
 
 # MjData fields that together make the integration state (mjSTATE_INTEGRATION): restoring them makes the
 # next step bit-identical to an uninterrupted one (qacc_warmstart matters: the solver starts from it).
@@ -49,7 +49,7 @@ class BatchedMujocoEnv:
         self.num_envs = num_envs
         self.seed = seed
         self.env_offset = env_offset
-        model = mujoco.MjModel.from_xml_path(task.model_path)
+        model = load_model(task)
         self.dt = model.opt.timestep * task.frame_skip
         self.action_dim = model.nu
         self._batch = mujoco.batch.Batch(model, nsim=num_envs, nthread=nthread, persistent=True)

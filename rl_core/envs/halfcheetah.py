@@ -50,4 +50,5 @@ HALF_CHEETAH_V5 = Task(
     reward=reward,
     terminated=terminated,
     reset=reset,
+    total_mass=14.0,
 )

@@ -6,8 +6,9 @@ All functions work on whole batches (leading axis = env) so no Python runs per e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Optional, Protocol
 
+import mujoco
 import numpy as np
 
 
@@ -40,3 +41,13 @@ class Task:
     reset: ResetFn
     action_low: float = -1.0
     action_high: float = 1.0
+    total_mass: Optional[float] = None  # rescale body masses to this sum after compiling (MJCF settotalmass)
+
+
+def load_model(task: Task) -> mujoco.MjModel:
+    """Compile the task's MJCF, then apply `total_mass` as MJCF's deprecated `settotalmass` would."""
+    model = mujoco.MjModel.from_xml_path(task.model_path)
+    if task.total_mass is not None:
+        mujoco.mj_setTotalmass(model, task.total_mass)
+        mujoco.mj_setConst(model, mujoco.MjData(model))
+    return model

@@ -10,6 +10,7 @@ import ray
 
 from rl_core.config import RunConfig
 from rl_core.runtime.env_worker import EnvWorker
+from rl_core.runtime.faults import gymflow_env_vars
 from rl_core.runtime.local_ray import ensure_ray
 
 
@@ -28,7 +29,8 @@ class EnvWorkerPool:
     def _actor(self, index: int) -> ray.actor.ActorHandle:
         if index not in self._actors:
             remote = ray.remote(num_cpus=1)(EnvWorker).options(
-                name=f"gymflow-{self.cfg.run_name}-env-{index}", get_if_exists=True, max_concurrency=1
+                name=f"gymflow-{self.cfg.run_name}-env-{index}", get_if_exists=True, max_concurrency=1,
+                runtime_env={"env_vars": gymflow_env_vars()},
             )
             self._actors[index] = remote.remote(self.cfg.model_dump_json(), index)
         return self._actors[index]

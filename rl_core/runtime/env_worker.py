@@ -15,7 +15,7 @@ from rl_core.checkpoint import CheckpointStore
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout, write_tensors
 from rl_core.envs import BatchedMujocoEnv, get_task
-from rl_core.runtime.seeding import derive_seed, torch_generator
+from rl_core.seeding import derive_seed, torch_generator
 
 ENV_PREFIX = "env."
 EVAL_SEED_OFFSET = 1_000_003  # evaluation envs never share reset noise with training envs

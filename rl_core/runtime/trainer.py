@@ -2,26 +2,28 @@
 
 Like env workers, a rank remembers which checkpoint version its learner holds and restores from the
 store when asked to train from another, so retried and resumed steps start from committed state.
+Inside an iteration, rank 0 saves the learner after every `epoch_checkpoint_every` epochs; a retried
+update restores the newest of those and runs only the epochs that remain.
 """
 from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from rl_core.algos.learner import PPOLearner
-from rl_core.algos.ppo import RolloutBatch, ppo_update
+from rl_core.algos.ppo import RolloutBatch, ppo_update, summarize_epochs
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout, read_tensors, write_tensors
 from rl_core.envs import BatchedMujocoEnv, get_task
 from rl_core.policies.normalizer import Moments
-from rl_core.runtime.seeding import derive_seed
-
-COLLECTIVE_TIMEOUT = timedelta(seconds=120)
+from rl_core.runtime.faults import maybe_fail
+from rl_core.seeding import derive_seed
 
 
 class TrainerRank:
@@ -36,6 +38,7 @@ class TrainerRank:
         probe = BatchedMujocoEnv(get_task(self.cfg.env), 1, seed=0)
         self.learner = PPOLearner(probe.obs_dim, probe.action_dim, self.cfg.ppo, self.cfg.seed)
         self.learner_version: int | None = None
+        self._completed: tuple[int, int, dict[str, float]] | None = None  # (iteration, version, metrics)
 
     def connect(self, master_addr: str, master_port: int) -> None:
         """Join the gloo (CPU) or NCCL (CUDA) group; blocks until every rank has joined."""
@@ -44,7 +47,7 @@ class TrainerRank:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(
             backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
-            world_size=self.world_size, timeout=COLLECTIVE_TIMEOUT,
+            world_size=self.world_size, timeout=timedelta(seconds=self.cfg.collective_timeout_s),
         )
 
     def _all_reduce_mean(self, tensor: torch.Tensor) -> None:
@@ -61,20 +64,20 @@ class TrainerRank:
         return self.learner.state()
 
     def train(self, iteration: int, version: int) -> dict:
-        """PPO epochs on iteration's scored batch, from checkpoint `version`; rank 0 stages the result."""
+        """PPO epochs on iteration's scored batch, from checkpoint `version`; rank 0 stages the result.
+
+        Asked again for an update it already finished (its sibling rank failed after it), a rank
+        returns the same result without training twice.
+        """
+        if self._completed and self._completed[:2] == (iteration, version) and self.learner_version == version + 1:
+            return self._completed[2]
         self._sync(version)
         self.learner_version = None  # mid-update until it completes
-        arrays, meta = read_tensors(self.layout.scored(iteration))
-        batch = RolloutBatch(*(torch.from_numpy(arrays[k]) for k in
-                               ("obs", "actions", "logprobs", "values", "advantages", "returns")))
-        cfg = self.cfg.ppo
-        frac = 1.0 - iteration / self.cfg.iterations if cfg.anneal_lr else 1.0
-        metrics = ppo_update(
-            self.learner.model, self.learner.optimizer, batch, cfg,
-            generator_seed=derive_seed(self.cfg.seed, iteration, 7), learning_rate=cfg.learning_rate * max(frac, 0.0),
-            rank=self.rank, world_size=self.world_size,
-            all_reduce_mean=self._all_reduce_mean if self.world_size > 1 else lambda _: None,
-        )
+        history = self._restore_progress(iteration, version)
+        resumed_epochs = len(history)
+        arrays, _ = read_tensors(self.layout.scored(iteration))
+        if not (history and history[-1]["early_stop"]) and len(history) < self.cfg.ppo.update_epochs:
+            history += self._update(iteration, version, arrays, start_epoch=len(history), done=history)
         self.learner.update_statistics(
             Moments(float(arrays["obs_moments.count"]), arrays["obs_moments.mean"], arrays["obs_moments.m2"]),
             Moments(float(arrays["ret_moments.count"]), arrays["ret_moments.mean"], arrays["ret_moments.m2"]),
@@ -82,8 +85,47 @@ class TrainerRank:
         if self.rank == 0:
             write_tensors(self.layout.staged_learner(iteration), self.learner.state(),
                           {"iteration": iteration, "parent_version": version})
+        metrics = summarize_epochs(history)
+        metrics["epochs_resumed"] = float(resumed_epochs)  # > 0: this attempt continued a failed one
         self.learner_version = version + 1
+        self._completed = (iteration, version, metrics)
         return metrics
+
+    def _update(self, iteration: int, version: int, arrays: dict[str, np.ndarray], start_epoch: int,
+                done: list[dict[str, float]]) -> list[dict[str, float]]:
+        batch = RolloutBatch(*(torch.from_numpy(arrays[k]) for k in
+                               ("obs", "actions", "logprobs", "values", "advantages", "returns")))
+        cfg = self.cfg.ppo
+        frac = 1.0 - iteration / self.cfg.iterations if cfg.anneal_lr else 1.0
+        history = list(done)
+        progress = CheckpointStore(self.layout.train_progress(iteration), full_every=self.cfg.full_every)
+
+        def on_epoch_end(metrics: dict[str, float]) -> None:
+            history.append(metrics)
+            every = self.cfg.epoch_checkpoint_every
+            last = len(history) == cfg.update_epochs or metrics["early_stop"]
+            if self.rank == 0 and every and len(history) % every == 0 and not last:
+                progress.commit(self.learner.state(), {"iteration": iteration, "version": version, "history": history})
+            maybe_fail("train.epoch_end", iteration=iteration, rank=self.rank, epoch=int(metrics["epoch"]))
+
+        return ppo_update(
+            self.learner.model, self.learner.optimizer, batch, cfg,
+            generator_seed=derive_seed(self.cfg.seed, iteration, 7), learning_rate=cfg.learning_rate * max(frac, 0.0),
+            rank=self.rank, world_size=self.world_size,
+            all_reduce_mean=self._all_reduce_mean if self.world_size > 1 else lambda _: None,
+            start_epoch=start_epoch, on_epoch_end=on_epoch_end,
+        )
+
+    def _restore_progress(self, iteration: int, version: int) -> list[dict[str, Any]]:
+        """Epoch history of a partly done update of (iteration, version), with the learner restored to it."""
+        progress = CheckpointStore(self.layout.train_progress(iteration), full_every=self.cfg.full_every)
+        if progress.latest() is None:
+            return []
+        snapshot = progress.load()
+        if (snapshot.meta["iteration"], snapshot.meta["version"]) != (iteration, version):
+            return []
+        self.learner.load_state(snapshot.tensors)
+        return list(snapshot.meta["history"])
 
     def close(self) -> None:
         """Leave the process group."""

@@ -1,4 +1,11 @@
-"""K trainer ranks on Ray actors joined in one torch.distributed group that lives across iterations."""
+"""K trainer ranks on Ray actors joined in one torch.distributed group that lives across iterations.
+
+The K train_shard tasks of an iteration succeed or fail together: the first call for an (iteration,
+version) starts all K ranks and every task waits for its own rank. When any rank fails, the group is
+killed (so no rank waits in a collective for a dead peer) and the next call — a retry of any one of
+the tasks, even if its siblings had already completed — starts a fresh group for all K ranks, which
+restore the newest checkpoint and continue from there.
+"""
 from __future__ import annotations
 
 import socket
@@ -8,6 +15,7 @@ import numpy as np
 import ray
 
 from rl_core.config import RunConfig
+from rl_core.runtime.faults import gymflow_env_vars
 from rl_core.runtime.local_ray import ensure_ray
 from rl_core.runtime.trainer import TrainerRank
 
@@ -31,17 +39,22 @@ class TrainerGroup:
         self.master_addr = master_addr
         self._ranks: list[ray.actor.ActorHandle] = []
         self._lock = threading.Lock()  # the K train_shard tasks call in from K threads at once
+        self._launch: tuple[tuple[int, int], list[ray.actor.ActorHandle], list[ray.ObjectRef]] | None = None
 
     def _ensure(self) -> list[ray.actor.ActorHandle]:
         with self._lock:
-            if not self._ranks:
-                remote = ray.remote(num_cpus=1)(TrainerRank)
-                world = self.cfg.num_ranks
-                ranks = [remote.remote(self.cfg.model_dump_json(), k, world) for k in range(world)]
-                port = _free_port(self.master_addr)
-                ray.get([r.connect.remote(self.master_addr, port) for r in ranks])
-                self._ranks = ranks
-            return self._ranks
+            return self._ensure_locked()
+
+    def _ensure_locked(self) -> list[ray.actor.ActorHandle]:
+        """The live ranks, starting and connecting a new group if there is none (caller holds the lock)."""
+        if not self._ranks:
+            remote = ray.remote(num_cpus=1)(TrainerRank).options(runtime_env={"env_vars": gymflow_env_vars()})
+            world = self.cfg.num_ranks
+            ranks = [remote.remote(self.cfg.model_dump_json(), k, world) for k in range(world)]
+            port = _free_port(self.master_addr)
+            ray.get([r.connect.remote(self.master_addr, port) for r in ranks])
+            self._ranks = ranks
+        return self._ranks
 
     def initial_state(self) -> dict[str, np.ndarray]:
         """The seeded initial learner state (from rank 0)."""
@@ -49,9 +62,13 @@ class TrainerGroup:
 
     def train(self, rank: int, iteration: int, version: int) -> dict:
         """Rank `rank`'s part of iteration `iteration`, from checkpoint `version`; all ranks must be called."""
-        ranks = self._ensure()
+        with self._lock:
+            ranks = self._ensure_locked()
+            if self._launch is None or self._launch[0] != (iteration, version) or self._launch[1] is not ranks:
+                self._launch = ((iteration, version), ranks, [r.train.remote(iteration, version) for r in ranks])
+            refs = self._launch[2]
         try:
-            return ray.get(ranks[rank].train.remote(iteration, version))
+            return ray.get(refs[rank])
         except (ray.exceptions.RayActorError, RuntimeError) as err:
             self._discard(ranks)
             raise TrainerGroupBroken(f"trainer rank {rank} of run {self.cfg.run_name} failed: {err}; "
@@ -67,6 +84,7 @@ class TrainerGroup:
         for r in self._ranks:
             ray.kill(r, no_restart=True)
         self._ranks = []
+        self._launch = None
 
     def shutdown(self) -> None:
         """Stop the ranks (the process group goes with them)."""

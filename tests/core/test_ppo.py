@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rl_core.algos.ppo import RolloutBatch, ppo_loss, ppo_update
+from rl_core.algos.ppo import RolloutBatch, ppo_loss, ppo_update, summarize_epochs
 from rl_core.config import PPOConfig
 from rl_core.data import read_tensors, write_tensors
 from rl_core.policies.mlp import ActorCritic
@@ -36,10 +36,36 @@ def test_update_lowers_the_loss_and_reports_metrics() -> None:
     model, optimizer, batch = _setup()
     idx = torch.arange(len(batch))
     before, _ = ppo_loss(model, batch, idx, batch.advantages, CFG)
-    metrics = ppo_update(model, optimizer, batch, CFG, generator_seed=0, learning_rate=1e-3)
+    metrics = summarize_epochs(ppo_update(model, optimizer, batch, CFG, generator_seed=0, learning_rate=1e-3))
     after, _ = ppo_loss(model, batch, idx, batch.advantages, CFG)
     assert after < before
-    assert metrics["minibatch_steps"] == 8 and np.isfinite(list(metrics.values())).all()
+    assert metrics["minibatch_steps"] == 8 and metrics["epochs"] == 2
+    assert np.isfinite(list(metrics.values())).all()
+
+
+def test_update_resumed_at_an_epoch_boundary_is_bit_identical() -> None:
+    """Stop after epoch 0, restore model and Adam from that point, run epoch 1: same bytes as running both."""
+    model, optimizer, batch = _setup()
+    ppo_update(model, optimizer, batch, CFG, generator_seed=5, learning_rate=1e-3)
+    resumed_model, resumed_opt, _ = _setup()
+    saved: dict = {}
+
+    def stop_after_first(_: dict) -> None:
+        saved["model"] = {k: v.clone() for k, v in resumed_model.state_dict().items()}
+        saved["opt"] = resumed_opt.state_dict()
+        raise KeyboardInterrupt  # the "failure" right after the epoch's checkpoint
+
+    try:
+        ppo_update(resumed_model, resumed_opt, batch, CFG, generator_seed=5, learning_rate=1e-3,
+                   on_epoch_end=stop_after_first)
+    except KeyboardInterrupt:
+        pass
+    fresh_model, fresh_opt, _ = _setup(seed=9)  # a new process: other initial weights, then restored
+    fresh_model.load_state_dict(saved["model"])
+    fresh_opt.load_state_dict(saved["opt"])
+    ppo_update(fresh_model, fresh_opt, batch, CFG, generator_seed=5, learning_rate=1e-3, start_epoch=1)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, fresh_model.state_dict()[name]), name
 
 
 def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:

@@ -1,0 +1,109 @@
+"""A failed run resumes from its last checkpoint and ends bit-identical to a run that never failed.
+
+Faults are injected through GYMFLOW_FAULTS (rl_core/runtime/faults.py), which the flow hands to its Ray
+actors; the SIGKILL test kills a real `python -m flows.train_control` process group mid-iteration.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rl_core.checkpoint import CheckpointStore
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api", "local_ray")]
+ITERATIONS = 3
+SEED = 11
+
+
+def _run(store: str, name: str, **kwargs):
+    from flows.train_control import train_control
+
+    return train_control(preset="tiny", store=store, run_name=name, seed=SEED, iterations=ITERATIONS, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """The uninterrupted run every resumed run must match bit for bit."""
+    return _run(f"file://{tmp_path_factory.mktemp('ref')}", "reference")
+
+
+def _task_runs(flow_run_id) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+
+    return asyncio.run(read())
+
+
+def _faults(monkeypatch, tmp_path: Path, spec: str) -> None:
+    monkeypatch.setenv("GYMFLOW_FAULTS", spec)
+    monkeypatch.setenv("GYMFLOW_FAULT_DIR", str(tmp_path))
+
+
+def test_train_shard_failure_is_retried_from_its_epoch_checkpoint(tmp_path, monkeypatch, reference) -> None:
+    """Rank 1 fails after epoch 0 of iteration 1: both shards retry, resume at epoch 1, end bit-identical."""
+    _faults(monkeypatch, tmp_path, "train.epoch_end:iteration=1,rank=1,epoch=0")
+    from flows.train_control import train_control
+
+    state = train_control(preset="tiny", store=f"file://{tmp_path}/runs", run_name="retried", seed=SEED,
+                          iterations=ITERATIONS, return_state=True)
+    summary = state.result()
+    assert summary["policy_sha256"] == reference["policy_sha256"]
+    shards = [t for t in _task_runs(state.state_details.flow_run_id) if t.name.startswith("train_shard")]
+    retried = [t for t in shards if t.run_count > 1]
+    assert retried, "the failing train_shard must have been retried by Prefect"
+    results = [t.state.result() for t in retried]
+    # The retried attempt resumed after the checkpointed epoch: it ran 1 of the 2 epochs, not both.
+    assert all(r["epochs_resumed"] == 1 for r in results)
+
+
+def test_failed_flow_rerun_skips_completed_steps(tmp_path, monkeypatch, reference) -> None:
+    """A fault outlasting the task retries fails the run; rerunning the same run continues where it stopped."""
+    _faults(monkeypatch, tmp_path, "train.epoch_end:iteration=1,rank=0,epoch=1,count=3")
+    store = f"file://{tmp_path}/runs"
+    from flows.train_control import train_control
+
+    with pytest.raises(Exception, match="injected fault|trainer rank"):
+        _run(store, "rerun")
+    assert CheckpointStore(f"{tmp_path}/runs/rerun/checkpoints").versions() == [0, 1]
+    state = train_control(preset="tiny", store=store, run_name="rerun", seed=SEED, iterations=ITERATIONS,
+                          return_state=True)
+    assert state.result()["policy_sha256"] == reference["policy_sha256"]
+    names = {t.name.rsplit("-", 1)[0]: t.state.name for t in _task_runs(state.state_details.flow_run_id)
+             if t.name.startswith(("simulate", "score"))}
+    assert "Cached" in names.values(), f"iteration 1's simulate/score must come from cache, got {names}"
+
+
+def test_sigkill_mid_iteration_then_resume(tmp_path, reference) -> None:
+    """SIGKILL the whole flow process group once version 1 is committed; the same command finishes the run."""
+    store = f"file://{tmp_path}/runs"
+    cmd = [sys.executable, "-m", "flows.train_control", "--preset", "tiny", "--run-name", "killed",
+           "--seed", str(SEED), "--iterations", str(ITERATIONS), "--store", store]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    versions = tmp_path / "runs" / "killed" / "checkpoints" / "versions"
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while not (versions / "00000001.commit").exists():
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the run never committed version 1"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the flow, its Prefect API and its Ray: a machine that died
+        proc.wait()
+    assert CheckpointStore(f"{tmp_path}/runs/killed/checkpoints").versions()[-1] < ITERATIONS
+    done = subprocess.run(cmd, env=env, start_new_session=True, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["policy_sha256"] == reference["policy_sha256"]
