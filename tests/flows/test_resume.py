@@ -52,8 +52,8 @@ def _faults(monkeypatch, tmp_path: Path, spec: str) -> None:
 
 
 def test_train_shard_failure_is_retried_from_its_epoch_checkpoint(tmp_path, monkeypatch, reference) -> None:
-    """Rank 1 fails after epoch 0 of iteration 1: both shards retry, resume at epoch 1, end bit-identical."""
-    _faults(monkeypatch, tmp_path, "train.epoch_end:iteration=1,rank=1,epoch=0")
+    """Rank 0 fails right after saving epoch 0 of iteration 1: both shards retry, resume at epoch 1, bit-identical."""
+    _faults(monkeypatch, tmp_path, "train.epoch_end:iteration=1,rank=0,epoch=0")
     from flows.train_control import train_control
 
     state = train_control(preset="tiny", store=f"file://{tmp_path}/runs", run_name="retried", seed=SEED,
