@@ -70,6 +70,31 @@ def test_deploy_run_and_worker_complete_the_run(prefect_server: dict, tmp_path) 
                     "run_name=deployed", "--param", f"store=file://{tmp_path}/runs"], env)
     flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
     _prefect(["worker", "start", "--pool", "gymflow", "--run-once"], env, timeout=600)
-    flow_run = json.loads(_prefect(["flow-run", "inspect", flow_run_id, "--output", "json"], env))
-    assert flow_run["state"]["type"] == "COMPLETED", flow_run["state"]
+    assert _state(flow_run_id, env) == "COMPLETED"
     assert (tmp_path / "runs" / "deployed" / "checkpoints" / "versions" / "00000002.commit").exists()
+
+    # A run that fails (a fault outlasting the task retries), then "Retry" as from the UI: it completes,
+    # bit-identical to the run that never failed.
+    failing = _prefect(["deployment", "run", "train-control/train", "--param", "preset=tiny", "--param",
+                        "run_name=retried", "--param", f"store=file://{tmp_path}/runs"], env)
+    failing_id = re.search(r"UUID:\s*([0-9a-f-]{36})", failing).group(1)
+    faults = {**env, "GYMFLOW_FAULTS": "train.epoch_end:iteration=1,rank=0,epoch=1,count=3",
+              "GYMFLOW_FAULT_DIR": str(tmp_path)}
+    subprocess.run([PREFECT, "worker", "start", "--pool", "gymflow", "--run-once"], env=faults, cwd=REPO,
+                   capture_output=True, timeout=600)
+    assert _state(failing_id, env) == "FAILED"
+    _prefect(["flow-run", "retry", failing_id], env)
+    _prefect(["worker", "start", "--pool", "gymflow", "--run-once"], faults, timeout=600)
+    assert _state(failing_id, env) == "COMPLETED"
+    assert _final_policy(tmp_path / "runs" / "retried") == _final_policy(tmp_path / "runs" / "deployed")
+
+
+def _state(flow_run_id: str, env: dict) -> str:
+    return json.loads(_prefect(["flow-run", "inspect", flow_run_id, "--output", "json"], env))["state"]["type"]
+
+
+def _final_policy(run_dir: Path) -> str:
+    from rl_core.algos.learner import policy_sha256
+    from rl_core.checkpoint import CheckpointStore
+
+    return policy_sha256(CheckpointStore(f"file://{run_dir}/checkpoints").load().tensors)
