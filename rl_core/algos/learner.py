@@ -52,7 +52,7 @@ class PPOLearner:
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
         """Restore from `state()` (extra keys, e.g. env state, are ignored)."""
-        self.model.load_state_dict({k[6:]: torch.from_numpy(v.copy()) for k, v in state.items() if k.startswith("model.")})
+        self.load_policy(state)
         slots: dict[int, dict[str, torch.Tensor]] = {}
         for key, value in state.items():
             if key.startswith("optim."):
@@ -61,7 +61,6 @@ class PPOLearner:
         optim_state = self.optimizer.state_dict()
         optim_state["state"] = slots
         self.optimizer.load_state_dict(optim_state)
-        self.load_policy(state)
 
     def load_policy(self, state: dict[str, np.ndarray]) -> None:
         """Restore only what acting needs: weights and statistics."""
