@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rl_core.runtime.local_ray import kill_local_ray_of
+
 
 def command(args: argparse.Namespace, store: Path, name: str) -> list[str]:
     return [sys.executable, "-m", "flows.train_control", "--preset", args.preset, "--iterations",
@@ -86,6 +88,7 @@ def main() -> None:
         killed_at = time.time()
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        kill_local_ray_of(proc.pid)  # Ray workers that were starting can outlive the group
         lost_s = max(0.0, killed_at - newest_durable(run_dir))
         committed = len(commit_times(run_dir)) - 1
         # The iteration in flight keeps its env steps only if every worker's experience shard was written.

@@ -85,13 +85,14 @@ def train_control(
         result = evaluate(cfg, run.incarnation, version)
     finally:
         release(cfg)
+    storage = storage_report(cfg)
     return {
         **result,
-        "env_steps": storage_report(cfg)["env_steps"],
+        "env_steps": storage["env_steps"],
         "iterations": cfg.iterations,
         "wall_s": round(time.perf_counter() - started, 2),
         "run_dir": cfg.run_url,
-        "checkpoints": storage_report(cfg),
+        "checkpoints": storage,
         "kernels": tuning,
     }
 

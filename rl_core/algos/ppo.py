@@ -116,6 +116,11 @@ def ppo_update(
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             local = slice(rank, None, world_size)
             loss, stats = ppo_loss(model, batch, mb[local], adv[local], cfg)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"PPO loss is {loss.item()} at epoch {epoch}, minibatch {start // cfg.minibatch_size} "
+                    f"(rank {rank}); the weights were not updated with it and the last committed version is "
+                    "intact. Lower ppo.learning_rate or check the rewards/observations for NaN or inf.")
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
             if world_size > 1:

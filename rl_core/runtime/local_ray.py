@@ -31,3 +31,32 @@ def ensure_ray(num_cpus: int | None = None) -> None:
         return
     cpus = max(os.cpu_count() or 1, num_cpus or 0)
     ray.init(num_cpus=cpus, namespace="gymflow", include_dashboard=False, log_to_driver=False)
+
+
+def kill_local_ray_of(driver_pid: int) -> list[int]:
+    """SIGKILL what remains of the local Ray that process `driver_pid` started; returns the pids killed.
+
+    For crash drills: after `kill -9` of a driver, Ray workers that were starting can outlive it. Ray names
+    a local session `session_<date>_<time>_<driver pid>` and passes that name to every process of it, so
+    this finds exactly that session's processes (Linux /proc) and nothing else on the machine.
+    """
+    import re
+    import signal
+    from pathlib import Path
+
+    pattern = re.compile(rf"session_\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_{driver_pid}\b")
+    killed = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if pattern.search(cmdline):
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(int(proc.name))
+            except ProcessLookupError:
+                pass
+    return killed

@@ -5,6 +5,7 @@ import os
 import socket
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -66,6 +67,15 @@ def test_update_resumed_at_an_epoch_boundary_is_bit_identical() -> None:
     ppo_update(fresh_model, fresh_opt, batch, CFG, generator_seed=5, learning_rate=1e-3, start_epoch=1)
     for name, value in model.state_dict().items():
         assert torch.equal(value, fresh_model.state_dict()[name]), name
+
+
+def test_nan_loss_stops_the_update_with_a_clear_error() -> None:
+    model, optimizer, batch = _setup()
+    batch.returns[3] = float("nan")
+    with pytest.raises(FloatingPointError, match="PPO loss is nan .*last committed version is intact"):
+        ppo_update(model, optimizer, batch, CFG, generator_seed=0, learning_rate=1e-3)
+    # The step with the NaN was refused: whatever ran before it, the weights stayed finite.
+    assert all(torch.isfinite(v).all() for v in model.state_dict().values())
 
 
 def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:

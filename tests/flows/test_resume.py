@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rl_core.checkpoint import CheckpointStore
+from rl_core.runtime.local_ray import kill_local_ray_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api", "local_ray")]
 ITERATIONS = 3
@@ -102,6 +103,7 @@ def test_sigkill_mid_iteration_then_resume(tmp_path, reference) -> None:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the flow, its Prefect API and its Ray: a machine that died
         proc.wait()
+        kill_local_ray_of(proc.pid)  # Ray workers that were starting can outlive the group
     assert CheckpointStore(f"{tmp_path}/runs/killed/checkpoints").versions()[-1] < ITERATIONS
     done = subprocess.run(cmd, env=env, start_new_session=True, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
