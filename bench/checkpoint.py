@@ -1,62 +1,110 @@
-"""Delta-checkpoint size and speed against torch.save, on a ~1M-parameter MLP + Adam (fp32).
+"""Delta-checkpoint size and speed against torch.save (schema-2 store: chunked, per-chunk codecs, deltas
+against the last full base).
 
-Trains the MLP on random regression batches, takes 20 Adam steps between versions, commits model + optimizer
-state to a file:// store and compares what each version adds on disk (chunks + manifest) with the size of
-``torch.save`` of the same state dicts. Prints one line per version, then one JSON line:
-``size_ratio_mlp_fp32`` (stored / torch.save, mean over the delta versions; below 1 is smaller) and
-``size_ratio_full`` (the same for the first, full version).
+Cases: (a) ~1M-param MLP + Adam fp32; (b) ~25M-param TransformerEncoder + Adam fp32; (c) (b) in bf16 (params
+and Adam state bf16; stored as uint16 bit patterns with logical dtype "bfloat16", torch tensors are passed
+straight to the store); (d) a 100k x 64 embedding trained with SparseAdam where each version interval touches
+a fresh random 1% of the rows (every step's batch is drawn from those rows), so only they change.
+``STEPS`` optimizer steps between versions. Per case it prints: size ratio (bytes each version added on disk,
+chunks + manifest, / torch.save of the same state; mean over the versions after the first, which is a full
+base; rebases included), encode MB/s (synchronous commit: chunk, XOR, byte planes, zstd-1, sha256, write;
+on the store's worker threads) next to single-thread zstd-1 MB/s on the same raw bytes in the same run,
+restore MB/s (fresh store), and the blocking pause of AsyncSaver.save (the copy into host buffers, steady
+state: median of the saves after the first) as a fraction of ``--iteration-s``. Last line: one JSON object.
 
-Run: ``python bench/checkpoint.py`` (about 10-30 s on 2 cores).
+Run: ``python bench/checkpoint.py [--quick] [--iteration-s 3.3]`` (--quick skips (b) and (c)).
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+import zstandard
 
-from rl_core.checkpoint import CheckpointStore
+from rl_core.checkpoint import AsyncSaver, CheckpointStore
 
-VERSIONS = 6
-STEPS_BETWEEN = 20
-BATCH = 256
+STEPS = 20
 
 
-def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+# ------------------------------------------------------------------------------------------------ models
+
+
+def mlp_case() -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(128, 1024),
-        torch.nn.ReLU(),
-        torch.nn.Linear(1024, 768),
-        torch.nn.ReLU(),
-        torch.nn.Linear(768, 64),
+        torch.nn.Linear(128, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 768), torch.nn.ReLU(), torch.nn.Linear(768, 64)
     )
-    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(1)
 
-
-def train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, gen: torch.Generator) -> None:
-    for _ in range(steps):
-        x = torch.randn(BATCH, 128, generator=gen)
-        y = torch.randn(BATCH, 64, generator=gen)
+    def step(_: int) -> None:
+        x, y = torch.randn(256, 128, generator=gen), torch.randn(256, 64, generator=gen)
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
 
+    return model, opt, step
 
-def flatten(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[dict[str, np.ndarray], dict]:
-    """Model and Adam state as named numpy arrays; hyperparameters go to meta (JSON)."""
-    tensors = {f"model/{k}": v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+
+def transformer_case(dtype: torch.dtype) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=512, nhead=8, dim_feedforward=2048, batch_first=True, dropout=0.0)
+    model = torch.nn.TransformerEncoder(layer, num_layers=8, enable_nested_tensor=False).to(dtype)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(1)
+
+    def step(_: int) -> None:
+        x = torch.randn(2, 8, 512, generator=gen).to(dtype)  # tiny batch: the state, not the step, is measured
+        opt.zero_grad()
+        model(x).float().pow(2).mean().backward()
+        opt.step()
+
+    return model, opt, step
+
+
+def sparse_case() -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Embedding(100_000, 64, sparse=True)
+    opt = torch.optim.SparseAdam(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(1)
+    active: dict[str, torch.Tensor] = {}
+
+    def step(i: int) -> None:
+        if i % STEPS == 0:  # a fresh 1% of the rows for this version interval
+            active["rows"] = torch.randperm(100_000, generator=gen)[:1000]
+        idx = active["rows"][torch.randint(0, 1000, (256,), generator=gen)]
+        opt.zero_grad()
+        model(idx).pow(2).sum().backward()
+        opt.step()
+
+    return model, opt, step
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def flatten(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """Model and optimizer state as named torch tensors (the store takes them, bf16 included); the rest -> meta."""
+    tensors = {f"model/{k}": v.detach() for k, v in model.state_dict().items()}
     state = opt.state_dict()
+    scalars = {}
     for idx, slots in state["state"].items():
         for key, value in slots.items():
-            tensors[f"optim/{idx}/{key}"] = value.detach().cpu().numpy()
-    return tensors, {"param_groups": state["param_groups"]}
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim/{idx}/{key}"] = value.detach()
+            else:
+                scalars[f"{idx}/{key}"] = value
+    return tensors, {"param_groups": state["param_groups"], "optim_scalars": scalars}
 
 
 def torch_save_size(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
@@ -66,62 +114,120 @@ def torch_save_size(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
 
 
 def disk_bytes(root: Path) -> int:
-    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) if root.exists() else 0
+
+
+def raw_views(tensors: dict[str, torch.Tensor]) -> list[np.ndarray]:
+    out = []
+    for t in tensors.values():
+        t = t.contiguous()
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        out.append(t.numpy().reshape(-1).view(np.uint8))
+    return out
+
+
+def zstd1_mb_s(raws: list[np.ndarray]) -> float:
+    cctx = zstandard.ZstdCompressor(level=1)
+    total = sum(r.nbytes for r in raws)
+    t0 = time.perf_counter()
+    for r in raws:
+        cctx.compress(r)
+    return total / (time.perf_counter() - t0) / 1e6
+
+
+def run_case(name: str, build: Any, versions: int, iteration_s: float, tmp: Path) -> dict[str, Any]:
+    model, opt, step = build()
+    root = tmp / name
+    store = CheckpointStore(f"file://{root}", full_every=8)
+    saver_store = CheckpointStore(f"memory://bench-{name}-{os.getpid()}", full_every=8)
+    saver = AsyncSaver(saver_store, max_pending=2)
+    n_params = sum(p.numel() for p in model.parameters())
+    ratios, enc_speeds, zstd_speeds, pauses, rows = [], [], [], [], []
+    i = 0
+    for version in range(versions):
+        for _ in range(STEPS):
+            step(i)
+            i += 1
+        tensors, meta = flatten(model, opt)
+        before = disk_bytes(root)
+        t0 = time.perf_counter()
+        assert store.commit(tensors, meta) == version
+        elapsed = time.perf_counter() - t0
+        added = disk_bytes(root) - before
+        reference = torch_save_size(model, opt)
+        report = store.size_report(version)
+        raws = raw_views(tensors)
+        zstd_speeds.append(zstd1_mb_s(raws))
+        enc_speeds.append(report["raw_bytes"] / elapsed / 1e6)
+        ratios.append(added / reference)
+        t0 = time.perf_counter()
+        saver.save(tensors, meta)
+        pauses.append(time.perf_counter() - t0)
+        codecs = " ".join(f"{k}={v}" for k, v in report["codec_counts"].items() if v)
+        base = "full" if report["base"] is None else f"d{report['depth']}"
+        rows.append(f"  v{version} {base:>4} added {added / 1e6:8.3f} MB / torch.save {reference / 1e6:8.3f} MB = "
+                    f"{added / reference:6.3f}  encode {enc_speeds[-1]:6.1f} MB/s  zstd-1 {zstd_speeds[-1]:6.1f} MB/s  "
+                    f"pause {pauses[-1] * 1e3:6.1f} ms  [{codecs}]")
+    saver.close()
+    t0 = time.perf_counter()
+    snap = CheckpointStore(f"file://{root}").load()
+    restore = store.size_report(snap.version)["raw_bytes"] / (time.perf_counter() - t0) / 1e6
+    final = raw_views(flatten(model, opt)[0])
+    assert all(np.array_equal(snap.tensors[k].reshape(-1).view(np.uint8), r) for k, r in zip(flatten(model, opt)[0], final)), "restore not exact"
+    steady_pause = statistics.median(pauses[1:]) if len(pauses) > 1 else pauses[0]
+    result = {
+        "case": name,
+        "params": n_params,
+        "raw_mb": store.size_report(0)["raw_bytes"] / 1e6,
+        "size_ratio": float(np.mean(ratios[1:])),
+        "size_ratio_first": ratios[0],
+        "encode_mb_s": float(np.mean(enc_speeds)),
+        "zstd1_mb_s": float(np.mean(zstd_speeds)),
+        "restore_mb_s": restore,
+        "pause_s": steady_pause,
+        "pause_first_s": pauses[0],
+        "pause_fraction": steady_pause / iteration_s,
+    }
+    print(f"({name}) {n_params:,} params, {result['raw_mb']:.1f} MB raw, {STEPS} steps between versions")
+    print("\n".join(rows))
+    print(f"  => size ratio {result['size_ratio']:.3f} (first/full {ratios[0]:.3f}); encode {result['encode_mb_s']:.1f} "
+          f"MB/s vs zstd-1 {result['zstd1_mb_s']:.1f} MB/s ({result['encode_mb_s'] / result['zstd1_mb_s']:.2f}x); "
+          f"restore {restore:.1f} MB/s; pause {steady_pause * 1e3:.1f} ms (first {pauses[0] * 1e3:.1f} ms) = "
+          f"{result['pause_fraction'] * 100:.2f}% of {iteration_s} s", flush=True)
+    return result
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="skip the 25M transformer cases (b) and (c)")
+    parser.add_argument("--iteration-s", type=float, default=3.3, help="training iteration time the pause is compared with")
+    parser.add_argument("--versions", type=int, default=4, help="versions per case (transformer cases: at most 3)")
+    parser.add_argument("--cases", default="mlp_fp32,tf_fp32,tf_bf16,sparse", help="comma-separated subset to run")
+    args = parser.parse_args()
     torch.set_num_threads(1)  # the bench machine is shared; single-thread figures are comparable
-    model, opt = build()
-    gen = torch.Generator().manual_seed(1)
-    n_params = sum(p.numel() for p in model.parameters())
-    ratios: list[float] = []
-    commit_speeds: list[float] = []
+    results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "run"
-        store = CheckpointStore(f"file://{root}", full_every=8)
-        print(f"MLP {n_params:,} params + Adam fp32, {STEPS_BETWEEN} Adam steps between versions")
-        header = ("ver", "codecs", "raw MB", "stored MB", "torch.save MB", "stored/torch", "commit MB/s")
-        print(" ".join(f"{h:>{w}}" for h, w in zip(header, (3, 26, 7, 9, 13, 12, 11))))
-        for version in range(VERSIONS):
-            train(model, opt, STEPS_BETWEEN, gen)  # before version 0 too, so every version holds Adam state
-            tensors, meta = flatten(model, opt)
-            before = disk_bytes(root) if root.exists() else 0
-            t0 = time.perf_counter()
-            assert store.commit(tensors, meta) == version
-            elapsed = time.perf_counter() - t0
-            stored = disk_bytes(root) - before
-            report = store.size_report(version)
-            reference = torch_save_size(model, opt)
-            ratio = stored / reference
-            speed = report["raw_bytes"] / elapsed / 1e6
-            ratios.append(ratio)
-            commit_speeds.append(speed)
-            codecs = " ".join(f"{k}={v}" for k, v in report["codec_counts"].items())
-            print(
-                f"{version:>3} {codecs:>26} {report['raw_bytes'] / 1e6:>7.2f} {stored / 1e6:>9.3f} "
-                f"{reference / 1e6:>13.3f} {ratio:>12.3f} {speed:>11.1f}"
-            )
-        t0 = time.perf_counter()
-        snap = CheckpointStore(f"file://{root}").load()
-        load_speed = store.size_report(snap.version)["raw_bytes"] / (time.perf_counter() - t0) / 1e6
-        final, _ = flatten(model, opt)
-        assert all(snap.tensors[k].tobytes() == v.tobytes() for k, v in final.items()), "restore is not exact"
-        chain = snap.version + 1
-        print(f"restore of version {snap.version} from a fresh store (chain of {chain}): {load_speed:.1f} MB/s, exact")
-    print(
-        json.dumps(
-            {
-                "size_ratio_mlp_fp32": round(float(np.mean(ratios[1:])), 4),
-                "size_ratio_full": round(ratios[0], 4),
-                "params": n_params,
-                "versions": VERSIONS,
-                "steps_between": STEPS_BETWEEN,
-                "commit_mb_s_mean": round(float(np.mean(commit_speeds)), 1),
-                "load_mb_s": round(load_speed, 1),
-                "cpu_count": os.cpu_count(),
-            }
-        )
-    )
+        cases = [
+            ("mlp_fp32", mlp_case, args.versions),
+            ("tf_fp32", lambda: transformer_case(torch.float32), min(3, args.versions)),
+            ("tf_bf16", lambda: transformer_case(torch.bfloat16), min(3, args.versions)),
+            ("sparse", sparse_case, args.versions),
+        ]
+        wanted = set(args.cases.split(",")) - ({"tf_fp32", "tf_bf16"} if args.quick else set())
+        for name, build, versions in cases:
+            if name in wanted:
+                results[name] = run_case(name, build, versions, args.iteration_s, Path(tmp))
+    speed = [r["encode_mb_s"] / r["zstd1_mb_s"] for r in results.values()]
+    print(json.dumps({
+        "size_ratio_mlp_fp32": round(results["mlp_fp32"]["size_ratio"], 4) if "mlp_fp32" in results else None,
+        "size_ratio_tf_fp32": round(results["tf_fp32"]["size_ratio"], 4) if "tf_fp32" in results else None,
+        "size_ratio_tf_bf16": round(results["tf_bf16"]["size_ratio"], 4) if "tf_bf16" in results else None,
+        "size_ratio_sparse": round(results["sparse"]["size_ratio"], 4) if "sparse" in results else None,
+        "encode_vs_zstd1": round(min(speed), 3),
+        "pause_fraction": round(max(r["pause_fraction"] for r in results.values()), 4),
+        "cpu_count": os.cpu_count(),
+    }))
 
 
 if __name__ == "__main__":

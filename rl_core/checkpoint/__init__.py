@@ -1,15 +1,18 @@
-"""Lossless delta checkpoints of named numpy arrays + JSON metadata on any fsspec URL.
+"""Lossless delta checkpoints of named numpy arrays (or torch tensors) + JSON metadata on any fsspec URL.
 
-``CheckpointStore(url).commit(tensors, meta)`` writes a version: a full snapshot every ``full_every`` versions,
-otherwise each tensor as "same" (unchanged), "xor" (bit-pattern XOR with the parent) or "full", always byte
-planes + zstd-1, in content-addressed chunks plus one JSON manifest and a commit marker per version.
-``load()`` restores the newest version that verifies (every chunk and every decoded tensor is hashed).
+``CheckpointStore(url).commit(tensors, meta)`` writes a version: a full base every ``full_every`` versions
+(or sooner when deltas grow), otherwise each chunk (8 MiB by default) of each tensor as "same", "xor", "rows"
+(sparse rows) or "full" against the base, in content-addressed objects plus one JSON manifest and a commit
+marker per version. ``load()`` restores the newest version that verifies (every object and every decoded chunk
+is hashed). ``gc()`` applies a retention policy; :class:`AsyncSaver` saves in the background; ``python -m
+rl_core.checkpoint`` is the command line (ls, show, verify, gc, export).
 No pickle anywhere: tensors are raw bytes, dtype/shape/metadata are JSON. See store.py for the layout and the
 commit protocol, manifest.py for the schema and codec.py for the byte codecs.
 """
 
-from .codec import decode_full, decode_xor, encode_full, encode_xor
-from .manifest import SCHEMA_VERSION, Manifest, TensorEntry
+from .asyncsave import AsyncSaveError, AsyncSaver
+from .codec import decode_full, decode_rows, decode_xor, encode_full, encode_rows, encode_xor
+from .manifest import SCHEMA_VERSION, ChunkEntry, Manifest, TensorEntry
 from .store import (
     CheckpointError,
     CheckpointStore,
@@ -19,12 +22,19 @@ from .store import (
     ManifestCorruptError,
     RestoreError,
     Snapshot,
+    StorageError,
     VersionConflictError,
     VersionNotFoundError,
 )
 
 __all__ = [
     "SCHEMA_VERSION",
+    "AsyncSaveError",
+    "AsyncSaver",
+    "ChunkEntry",
+    "StorageError",
+    "decode_rows",
+    "encode_rows",
     "CheckpointError",
     "CheckpointStore",
     "ChunkCorruptError",

@@ -22,7 +22,18 @@ import threading
 import numpy as np
 import zstandard
 
-__all__ = ["ZSTD_LEVEL", "decode_full", "decode_xor", "encode_full", "encode_xor"]
+__all__ = [
+    "ZSTD_LEVEL",
+    "changed_rows",
+    "decode_full",
+    "decode_rows",
+    "decode_xor",
+    "encode_full",
+    "encode_planes",
+    "encode_rows",
+    "encode_xor",
+    "xor_bytes",
+]
 
 ZSTD_LEVEL = 1
 
@@ -130,3 +141,94 @@ def decode_xor(encoded: Buffer, parent_raw: Buffer, itemsize: int, *, out: np.nd
         raise ValueError(f"decoded payload has {flat.size} bytes but parent_raw has {old.size}")
     np.bitwise_xor(flat, old, out=flat)
     return flat
+
+
+# ------------------------------------------------------------------------------------------ sparse rows
+
+_ROWS_HEADER = np.dtype("<u8")
+
+
+def changed_rows(xor: np.ndarray, row_bytes: int) -> np.ndarray:
+    """Indices of the rows (``row_bytes`` each) of a flat uint8 XOR buffer that hold a nonzero byte."""
+    rows = xor.reshape(-1, row_bytes)
+    if row_bytes % 8 == 0:
+        rows = rows.view(np.uint64)
+    elif row_bytes % 4 == 0:
+        rows = rows.view(np.uint32)
+    return np.flatnonzero(rows.any(axis=1))
+
+
+def encode_rows(xor: Buffer, itemsize: int, row_bytes: int, rows: np.ndarray | None = None) -> bytes:
+    """Sparse-row codec for 2-D tensors where few rows change (embedding tables under sparse updates).
+
+    Takes the XOR of new and parent bytes (see :func:`xor_bytes`) and stores only the rows with a nonzero byte:
+    ``zstd(count as <u8 | row indices as <u4 | byte planes of those XOR'd rows)``. Lossless given the parent.
+    """
+    x = _as_bytes_array(xor, itemsize, "xor")
+    if row_bytes < itemsize or row_bytes % itemsize or x.size % row_bytes:
+        raise ValueError(f"row_bytes {row_bytes} must be a multiple of itemsize {itemsize} dividing {x.size}")
+    if x.size // row_bytes >= 2**32:
+        raise ValueError("encode_rows supports fewer than 2**32 rows per chunk")
+    if rows is None:
+        rows = changed_rows(x, row_bytes)
+    picked = x.reshape(-1, row_bytes)[rows].reshape(-1)
+    body = np.concatenate(
+        [
+            np.array([rows.size], dtype=_ROWS_HEADER).view(np.uint8),
+            rows.astype("<u4").view(np.uint8),
+            _to_planes(picked, itemsize).reshape(-1),
+        ]
+    )
+    return _compressor().compress(body)
+
+
+def decode_rows(
+    encoded: Buffer, parent_raw: Buffer, itemsize: int, row_bytes: int, *, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Invert :func:`encode_rows` given the same ``parent_raw``; returns flat uint8 raw bytes."""
+    old = _as_bytes_array(parent_raw, itemsize, "parent_raw")
+    if row_bytes < 1 or old.size % row_bytes:
+        raise ValueError(f"row_bytes {row_bytes} does not divide parent_raw's {old.size} bytes")
+    try:
+        body = np.frombuffer(_decompressor().decompress(encoded), dtype=np.uint8)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"payload is not a valid zstd frame: {exc}") from exc
+    if body.size < 8:
+        raise ValueError("sparse-rows payload is shorter than its header")
+    count = int(body[:8].view(_ROWS_HEADER)[0])
+    n_rows = old.size // row_bytes
+    if count > n_rows or body.size != 8 + 4 * count + count * row_bytes:
+        raise ValueError(f"sparse-rows payload of {body.size} bytes does not hold {count} rows of {row_bytes} bytes")
+    rows = body[8 : 8 + 4 * count].view("<u4").astype(np.intp)
+    if count and (rows.max() >= n_rows):
+        raise ValueError(f"sparse-rows payload names row {rows.max()} but the parent has {n_rows} rows")
+    planes = body[8 + 4 * count :]
+    flat = _out_bytes(out)
+    if flat is None:
+        flat = np.empty(old.size, dtype=np.uint8)
+    elif flat.size != old.size:
+        raise ValueError(f"output buffer holds {flat.size} bytes but parent_raw has {old.size}")
+    flat[...] = old
+    if count:
+        if itemsize == 1:
+            xr = planes.reshape(count, row_bytes)
+        else:
+            xr = np.ascontiguousarray(planes.reshape(itemsize, -1).T).reshape(count, row_bytes)
+        view = flat.reshape(n_rows, row_bytes)
+        view[rows] ^= xr
+    return flat
+
+
+def xor_bytes(raw: Buffer, parent_raw: Buffer, itemsize: int) -> np.ndarray:
+    """XOR of two same-sized raw buffers as a new flat uint8 array."""
+    new = _as_bytes_array(raw, itemsize, "raw")
+    old = _as_bytes_array(parent_raw, itemsize, "parent_raw")
+    if new.size != old.size:
+        raise ValueError(f"raw has {new.size} bytes but parent_raw has {old.size}: XOR needs same-sized buffers")
+    return np.bitwise_xor(new, old)
+
+
+def encode_planes(u8: Buffer, itemsize: int) -> bytes:
+    """Byte planes + zstd-1 of already prepared bytes (a raw buffer, or an XOR from :func:`xor_bytes`).
+    ``encode_full(raw)`` == ``encode_planes(raw)`` and ``encode_xor(raw, p)`` == ``encode_planes(xor_bytes(raw, p))``."""
+    return _compress_planes(_as_bytes_array(u8, itemsize, "raw"), itemsize)

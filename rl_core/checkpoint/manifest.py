@@ -1,20 +1,27 @@
-"""The JSON manifest of one checkpoint version, and how it is (de)serialized.
+"""The JSON manifest of one checkpoint version (schema 2), and how it is (de)serialized.
 
-A manifest is the whole description of a version: which tensors it holds, how each one's bytes were encoded
-and which chunk (content-addressed object) holds them, plus free-form JSON metadata. Tensor payloads are raw
-bytes; dtype and shape live here, so nothing ever needs pickle.
+A manifest is the whole description of a version: which tensors it holds, how each chunk of each tensor's
+bytes was encoded and which content-addressed object holds it, plus free-form JSON metadata. Tensor payloads
+are raw bytes; dtype and shape live here, so nothing ever needs pickle. Schema 1 manifests (one object per
+tensor, deltas chained to the parent) are not readable by this version of the store.
 
-Codecs per tensor entry:
+A tensor's raw bytes are cut into chunks of ``chunk_bytes`` (rounded to whole rows for 2-D and higher
+tensors, so sparse-row deltas see whole rows; small tensors are one chunk). Codecs per chunk:
 
-* ``"full"``: ``chunk`` holds the tensor's own bytes (byte planes + zstd); ``ref_version`` is None.
-* ``"xor"``: ``chunk`` holds XOR(raw, raw of the same tensor at ``ref_version``), byte planes + zstd.
-* ``"same"``: raw bytes are identical to the same tensor at ``ref_version``; no chunk is stored
-  (``chunk`` is None, ``encoded_bytes`` is 0). Pointing at the parent version (not at the version that
-  owns a chunk) keeps every entry one hop from its reference, like ``"xor"``, so a restore walks one chain
-  shape for both codecs; full snapshots every ``full_every`` versions bound that chain.
+* ``"full"``: ``chunk`` holds the chunk's own bytes (byte planes + zstd-1); no reference.
+* ``"xor"``: ``chunk`` holds XOR(raw, reference raw) (byte planes + zstd-1).
+* ``"rows"``: ``chunk`` holds the indices and XOR'd bytes of the rows that differ from the reference.
+* ``"same"``: the raw bytes equal the reference's; ``chunk`` *is* the reference's object (a "full" object),
+  so the version stores nothing new for it.
 
-``ref_version`` always names an older version whose entry for the same tensor name has the same dtype and
-shape. ``raw_sha256`` is the hash of the tensor's raw (decoded) bytes, checked on every restore.
+The reference of a chunk is the same chunk of the same tensor in the version's *base* (the last full version;
+a tensor that appeared after the base references the version where it was first stored in full). Deltas are
+never chained: ``ref_chunk`` names the reference's object, always a "full" one, so any version restores from
+at most two objects per chunk. ``ref_version`` says which version that object came from (kept for GC and
+messages). ``raw_sha256`` is the sha256 of the chunk's decoded bytes, checked on every restore; ``chunk`` is
+the sha256 of the stored object's bytes, checked on every read. ``uploaded`` says whether the commit that
+wrote this manifest uploaded the object (False: an identical object was already referenced by a version the
+writer knew), which is what :meth:`Manifest.encoded_bytes` counts as "added by this version".
 """
 
 from __future__ import annotations
@@ -27,11 +34,12 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["SCHEMA_VERSION", "Codec", "Manifest", "TensorEntry", "utc_now_iso"]
+__all__ = ["SCHEMA_VERSION", "ChunkEntry", "Codec", "Manifest", "TensorEntry", "utc_now_iso"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-Codec = Literal["full", "xor", "same"]
+Codec = Literal["full", "xor", "rows", "same"]
+CODECS: tuple[str, ...] = ("full", "xor", "rows", "same")
 
 _SHA256_HEX = r"^[0-9a-f]{64}$"
 
@@ -41,19 +49,53 @@ def utc_now_iso() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
-class TensorEntry(BaseModel):
-    """How one tensor of one version is stored."""
+class ChunkEntry(BaseModel):
+    """How one chunk (a byte range of one tensor) of one version is stored."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    dtype: str = Field(description='numpy dtype string, e.g. "<f4"')
+    offset: int = Field(ge=0, description="byte offset of this chunk in the tensor's raw bytes")
+    nbytes: int = Field(ge=1)
+    codec: Codec
+    chunk: str = Field(pattern=_SHA256_HEX, description="sha256 of the stored object's bytes")
+    raw_sha256: str = Field(pattern=_SHA256_HEX)
+    encoded_bytes: int = Field(ge=0, description="size of the stored object")
+    uploaded: bool = Field(description="whether this version's commit uploaded the object")
+    ref_version: int | None = Field(default=None, ge=0)
+    ref_chunk: str | None = Field(default=None, pattern=_SHA256_HEX)
+    row_bytes: int | None = Field(default=None, ge=1, description="row size of a 'rows' chunk")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChunkEntry:
+        if self.codec == "full" and (self.ref_version is not None or self.ref_chunk is not None):
+            raise ValueError("codec 'full' has no reference")
+        if self.codec in ("xor", "rows") and (self.ref_version is None or self.ref_chunk is None):
+            raise ValueError(f"codec {self.codec!r} needs ref_version and ref_chunk")
+        if self.codec == "same" and (self.ref_version is None or self.ref_chunk is not None or self.uploaded):
+            raise ValueError("codec 'same' needs a ref_version, no ref_chunk (chunk is the reference) and no upload")
+        if (self.codec == "rows") != (self.row_bytes is not None):
+            raise ValueError("row_bytes is set exactly for codec 'rows'")
+        if self.row_bytes is not None and self.nbytes % self.row_bytes:
+            raise ValueError(f"row_bytes {self.row_bytes} does not divide the chunk's {self.nbytes} bytes")
+        return self
+
+    def objects(self) -> tuple[str, ...]:
+        """Every stored object a restore of this chunk reads."""
+        return (self.chunk,) if self.ref_chunk is None else (self.chunk, self.ref_chunk)
+
+
+class TensorEntry(BaseModel):
+    """How one tensor of one version is stored: dtype, shape and its chunks in byte order."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dtype: str = Field(description='numpy dtype string of the stored bytes, e.g. "<f4"')
     shape: list[int]
     nbytes: int = Field(ge=0)
-    codec: Codec
-    chunk: str | None = Field(default=None, pattern=_SHA256_HEX, description="sha256 of the encoded bytes")
-    ref_version: int | None = Field(default=None, ge=0)
-    raw_sha256: str = Field(pattern=_SHA256_HEX)
-    encoded_bytes: int = Field(ge=0)
+    logical_dtype: str | None = Field(
+        default=None, description='dtype the bytes mean when numpy has none, e.g. "bfloat16" stored as "<u2"'
+    )
+    chunks: list[ChunkEntry]
 
     @field_validator("dtype")
     @classmethod
@@ -75,30 +117,33 @@ class TensorEntry(BaseModel):
         expected = math.prod(self.shape) * np.dtype(self.dtype).itemsize
         if self.nbytes != expected:
             raise ValueError(f"nbytes {self.nbytes} != prod(shape {self.shape}) * itemsize ({expected})")
-        if self.codec == "full" and (self.chunk is None or self.ref_version is not None):
-            raise ValueError("codec 'full' needs a chunk and no ref_version")
-        if self.codec == "xor" and (self.chunk is None or self.ref_version is None):
-            raise ValueError("codec 'xor' needs a chunk and a ref_version")
-        if self.codec == "same" and (self.chunk is not None or self.ref_version is None or self.encoded_bytes):
-            raise ValueError("codec 'same' needs a ref_version, no chunk and encoded_bytes 0")
+        offset = 0
+        itemsize = np.dtype(self.dtype).itemsize
+        for c in self.chunks:
+            if c.offset != offset or c.nbytes % itemsize:
+                raise ValueError("chunks must tile the tensor's bytes in order, in whole elements")
+            offset += c.nbytes
+        if offset != self.nbytes:
+            raise ValueError(f"chunks cover {offset} bytes of {self.nbytes}")
         return self
 
 
 class Manifest(BaseModel):
     """One version: its lineage, its tensors and its metadata.
 
-    ``parent`` is the version this one was built on (the version the writing store last committed or
-    loaded), kept for lineage even on full snapshots. ``depth`` counts delta versions since the last full
-    snapshot (0 = full snapshot); the writer starts a new full snapshot when depth would reach
-    ``full_every``.
+    ``parent`` is the version this one was built on (the version the writing store last committed or loaded),
+    kept for lineage. ``base`` is the full version this one's deltas refer to (None: this version is itself a
+    full base). ``depth`` counts versions since the base (0 = base).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     version: int = Field(ge=0)
     parent: int | None = Field(default=None, ge=0)
+    base: int | None = Field(default=None, ge=0)
     depth: int = Field(default=0, ge=0)
+    chunk_bytes: int = Field(ge=1)
     created: str = Field(default_factory=utc_now_iso, description="ISO 8601 creation time, UTC")
     tensors: dict[str, TensorEntry]
     meta: dict[str, Any] = Field(default_factory=dict)
@@ -111,14 +156,18 @@ class Manifest(BaseModel):
 
     @model_validator(mode="after")
     def _refs_point_back(self) -> Manifest:
-        """References must point to older versions; anything else would make a restore chain cycle."""
-        if self.parent is not None and self.parent >= self.version:
-            raise ValueError(f"parent {self.parent} is not older than version {self.version}")
+        """References must point to older versions; anything else could make a restore cycle."""
+        for what, v in (("parent", self.parent), ("base", self.base)):
+            if v is not None and v >= self.version:
+                raise ValueError(f"{what} {v} is not older than version {self.version}")
+        if (self.base is None) != (self.depth == 0):
+            raise ValueError("depth is 0 exactly for a full base (base None)")
         for name, entry in self.tensors.items():
-            if entry.ref_version is not None and entry.ref_version >= self.version:
-                raise ValueError(
-                    f"tensor {name!r}: ref_version {entry.ref_version} is not older than version {self.version}"
-                )
+            for c in entry.chunks:
+                if c.ref_version is not None and c.ref_version >= self.version:
+                    raise ValueError(f"tensor {name!r}: ref_version {c.ref_version} is not older than {self.version}")
+                if self.base is None and c.codec != "full":
+                    raise ValueError(f"tensor {name!r}: a full base stores every chunk 'full', not {c.codec!r}")
         return self
 
     def to_json_bytes(self) -> bytes:
@@ -135,4 +184,34 @@ class Manifest(BaseModel):
         return sum(e.nbytes for e in self.tensors.values())
 
     def encoded_bytes(self) -> int:
-        return sum(e.encoded_bytes for e in self.tensors.values())
+        """Bytes this version's commit added to storage (objects it uploaded, each counted once)."""
+        seen: dict[str, int] = {}
+        for e in self.tensors.values():
+            for c in e.chunks:
+                if c.uploaded:
+                    seen[c.chunk] = c.encoded_bytes
+        return sum(seen.values())
+
+    def stored_bytes(self) -> int:
+        """Bytes of the objects this version's chunks name, each once ("same" chunks name base objects; the
+        ``ref_chunk`` objects of "xor"/"rows" chunks are not counted: their sizes live in the base's manifest)."""
+        sizes: dict[str, int] = {}
+        for e in self.tensors.values():
+            for c in e.chunks:
+                sizes[c.chunk] = c.encoded_bytes
+        return sum(sizes.values())
+
+    def objects(self) -> set[str]:
+        """Every stored object this version needs."""
+        return {o for e in self.tensors.values() for c in e.chunks for o in c.objects()}
+
+    def codec_counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(CODECS, 0)
+        for e in self.tensors.values():
+            for c in e.chunks:
+                counts[c.codec] += 1
+        return counts
+
+    def ref_versions(self) -> set[int]:
+        """Versions whose objects this version references (its base, and versions where late tensors began)."""
+        return {c.ref_version for e in self.tensors.values() for c in e.chunks if c.ref_version is not None}

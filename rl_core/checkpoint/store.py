@@ -2,40 +2,54 @@
 
 Layout under the store URL::
 
-    chunks/<aa>/<sha256>      encoded tensor bytes, named by the sha256 of those bytes (aa = first 2 hex digits)
-    versions/<%08d>.json      manifest of a version (see manifest.py)
+    chunks/<aa>/<sha256>      one encoded chunk, named by the sha256 of its stored bytes (aa = first 2 hex digits)
+    versions/<%08d>.json      manifest of a version (schema 2, see manifest.py)
     versions/<%08d>.commit    empty commit marker: the version exists if and only if this object exists
+
+Encoding. Each tensor's raw bytes are cut into chunks of ``chunk_bytes`` (default 8 MiB; rounded to whole rows
+for 2-D+ tensors; small tensors are one chunk). A *base* version stores every chunk "full" (byte planes +
+zstd-1). The next versions are deltas against that base, never chained: each chunk is the smallest of "same"
+(equal to the base's chunk: references the base's object, costs nothing), "xor" (XOR with the base's chunk,
+byte planes, zstd-1), "rows" (indices + XOR of the changed rows, for 2-D tensors where few rows change) and
+"full". A new base is written after ``full_every - 1`` deltas, or right after a delta whose new bytes exceeded
+``rebase_ratio`` (0.7) times the base's stored size (the base has then aged so much that deltas cost nearly a
+full copy; a new base makes the next deltas small again). Any version restores from at most two objects per
+chunk: its own and the base's.
 
 Commit protocol (why each step is there):
 
-1. Encode every tensor (nothing is written yet, so an encoding error leaves no trace).
-2. Write chunks that are not there yet. Each chunk object appears whole or not at all (object stores publish
-   on upload completion; on local disks we write a temp file and rename it), because a chunk may be shared
-   with committed versions and is never deleted. A chunk of the wrong size (left by a crashed writer on a
-   backend without atomic uploads) is rewritten.
-3. Claim the version by creating its manifest *exclusively*. The claim is what makes racing writers safe: a
-   loser learns it lost before it writes anything a reader could see, so it can never overwrite the winner's
-   manifest. The loser gets :class:`VersionConflictError`.
-4. Create the commit marker exclusively. Readers list markers only, so the version becomes visible in one step,
-   after everything it references is complete. If this fails, the manifest claim is removed again (unless the
-   marker reached storage after all, in which case the version is committed).
+1. Encode every chunk (nothing is written yet, so an encoding error leaves no trace).
+2. Upload every chunk object the writer does not know to be referenced by a committed version (an existing
+   object of that name is overwritten, not trusted: see GC below). Each object appears whole or not at all
+   (object stores publish on upload completion; local files are written under a temp name and renamed).
+3. Claim the version by creating its manifest *exclusively*. A loser of a race learns it lost before it writes
+   anything a reader could see and gets :class:`VersionConflictError`.
+4. Check that the versions whose objects this commit reuses without uploading (its base, normally) still have
+   their commit markers; a concurrent ``gc`` may have deleted them. If one is gone the claim is withdrawn and
+   the commit fails with :class:`CheckpointError` (the next commit writes a new full base).
+5. Create the commit marker exclusively. Readers list markers only, so the version becomes visible in one step.
 
-A claim whose writer died before step 4 (manifest without marker) is invisible to readers; writers skip its
-number, so the next version is ``1 + max(claimed or committed)``. Chunks written by a failed commit are complete
-and unreferenced: harmless, and never deleted here (deleting a content-addressed chunk races with a writer that
-is about to reuse it).
+A claim whose writer died before step 5 is invisible to readers; writers skip its number.
 
-A commit is encoded against the version the store last committed or loaded (its ``parent``), so a trainer that
-resumes from an older version deltas against what it actually continues from. Several writers on one run never
-corrupt each other (every version restores to exactly what its writer committed) but interleave versions; the
-intended use is one writer per run.
+Garbage collection (:meth:`CheckpointStore.gc`), safe while a writer is active. Order of work:
+(a) list chunk objects with their modification times; (b) list versions and choose those outside the policy,
+never one that a retained version references (its base); (c) delete each such version, marker first (it
+disappears atomically for readers), then manifest; (d) list every manifest again, committed *and* claimed
+(in-flight), and collect the objects they reference; (e) delete an object from (a) only if it is referenced
+by none of them AND its modification time, re-read just before deleting, is older than ``grace_s``
+(default 1 h). Claims (manifests without a marker) are deleted once older than ``claim_grace_s`` (1 h).
+Why this is safe: an object uploaded by an in-flight commit is either newer than listing (a)
+or younger than the grace period, until its manifest claim exists, after which (d) sees it. An object the
+writer reuses without uploading belongs to a version it checks in step 4 after its claim: if gc removed that
+version's marker before the check, the commit fails; if after, the claim already existed for listing (d).
+The remaining window is a writer re-uploading an *orphaned* object between gc's re-read of its mtime and
+the delete (milliseconds, and only for objects no committed version references); a claim left by a crashed
+writer is deleted once older than ``grace_s``.
 
 Exclusive create per backend: local files use ``open(path, "xb")`` (O_EXCL, atomic); ``memory://`` checks then
-creates, which this module serialises with a process-wide lock (the memory filesystem is process-local, so that
-is exact); other backends use ``pipe_file(mode="create")``, which s3fs sends as a conditional PUT
-(``If-None-Match: *``, answered 412 -> FileExistsError). s3fs's ``open(path, "xb")`` is NOT exclusive for empty
-objects (it falls back to a plain touch that overwrites), so it is never used here. A backend without a native
-conditional create gets fsspec's generic check-then-write and only that much exclusivity.
+creates under a process-wide lock; other backends use ``pipe_file(mode="create")``, which s3fs sends as a
+conditional PUT (``If-None-Match: *``, answered 412 -> FileExistsError). s3fs's ``open(path, "xb")`` is NOT
+exclusive for empty objects, so it is never used here.
 """
 
 from __future__ import annotations
@@ -44,10 +58,15 @@ import copy
 import hashlib
 import json
 import logging
+import math
+import os
 import threading
+import time
 import uuid
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -56,8 +75,8 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from .codec import decode_full, decode_xor, encode_full, encode_xor
-from .manifest import Codec, Manifest, TensorEntry
+from .codec import changed_rows, decode_full, decode_rows, decode_xor, encode_planes, encode_rows, xor_bytes
+from .manifest import ChunkEntry, Manifest, TensorEntry
 
 __all__ = [
     "CheckpointError",
@@ -68,6 +87,7 @@ __all__ = [
     "ManifestCorruptError",
     "RestoreError",
     "Snapshot",
+    "StorageError",
     "VersionConflictError",
     "VersionNotFoundError",
 ]
@@ -79,6 +99,15 @@ logger = logging.getLogger("rl_core.checkpoint")
 _MEMORY_CREATE_LOCK = threading.Lock()
 
 _NOT_SEARCHED = object()
+
+DEFAULT_CHUNK_BYTES = 8 << 20
+#: a 2-D chunk whose changed rows are at most this fraction of its rows is also tried as "rows" ...
+_ROWS_TRY_FRACTION = 0.25
+#: ... and at most this fraction takes "rows" without trying "xor"/"full" at all.
+_ROWS_TAKE_FRACTION = 0.05
+#: chunks above this size choose between "xor" and "full" by compressing samples, then encode only the winner.
+_SAMPLE_ABOVE = 1 << 20
+_SAMPLE_SLICES, _SAMPLE_SLICE_BYTES = 8, 64 << 10
 
 
 # --------------------------------------------------------------------------------------------------- errors
@@ -185,26 +214,46 @@ class ChunkCorruptError(ChunkError):
     kind = "chunk corrupt"
 
 
+class StorageError(CheckpointError, OSError):
+    """Storage failed (unreachable endpoint, permissions, ...) while committing; nothing of the commit is visible."""
+
+
 # ------------------------------------------------------------------------------------------------- helpers
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One restored version. Arrays are fresh, writable and own their memory."""
+    """One restored version. Arrays are fresh, writable and own their memory.
+
+    ``logical_dtypes`` names tensors whose bytes mean a dtype numpy lacks (``{"w": "bfloat16"}``: ``w`` is
+    returned as ``<u2`` holding bf16 bit patterns); :meth:`to_torch` returns torch tensors of the logical dtype.
+    """
 
     version: int
     tensors: dict[str, np.ndarray]
     meta: dict[str, Any]
+    logical_dtypes: dict[str, str] = field(default_factory=dict)
+
+    def to_torch(self) -> dict[str, Any]:
+        """Tensors as torch tensors sharing this snapshot's memory, bf16 bit patterns reinterpreted."""
+        import torch
+
+        out = {}
+        for name, arr in self.tensors.items():
+            t = torch.from_numpy(arr)
+            logical = self.logical_dtypes.get(name)
+            out[name] = t.view(getattr(torch, logical)) if logical else t
+        return out
 
 
 @dataclass(frozen=True)
-class _Reference:
-    """Raw bytes of the version the next commit is encoded against, kept so a commit never re-reads it.
-    Arrays are private read-only flat uint8 copies: the caller's arrays may change after commit/load."""
+class _Ref:
+    """A tensor the next delta is encoded against: its version, its entry there (all chunks "full") and its
+    raw bytes (a private, read-only flat uint8 copy)."""
 
     version: int
-    manifest: Manifest
-    raw: dict[str, np.ndarray]
+    entry: TensorEntry
+    raw: np.ndarray
 
 
 def _fmt_versions(versions: list[int]) -> str:
@@ -229,19 +278,40 @@ def _raw_view(arr: np.ndarray) -> np.ndarray:
     return arr.reshape(-1).view(np.uint8)
 
 
-def _prepare_tensors(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Validate and copy the caller's arrays: the copy is what gets encoded and kept as the next reference,
-    so the caller may keep training on its arrays as soon as commit() returns."""
+def _torch_to_numpy(name: str, value: Any) -> tuple[np.ndarray, str | None]:
+    """A CPU numpy view/copy of a torch tensor; bfloat16 (no numpy dtype) as its uint16 bit patterns."""
+    import torch
+
+    t = value.detach()
+    if t.dtype == torch.bfloat16:
+        return t.cpu().contiguous().view(torch.int16).numpy().view(np.uint16), "bfloat16"
+    try:
+        return t.cpu().contiguous().numpy(), None
+    except TypeError as exc:
+        raise TypeError(f"tensor {name!r}: torch dtype {t.dtype} has no numpy equivalent ({exc})") from None
+
+
+def _prepare_tensors(
+    tensors: Mapping[str, Any], logical_dtypes: Mapping[str, str] | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Validate the caller's arrays and make them C-contiguous (no copy when they already are). Commit reads
+    them synchronously and copies what it keeps, so the caller may change them once commit() returns.
+    torch tensors are accepted (bfloat16 is stored as its uint16 bit patterns with logical dtype "bfloat16")."""
     if not isinstance(tensors, Mapping):
         raise TypeError(f"tensors must be a mapping of name -> numpy array, got {type(tensors).__name__}")
+    logical = dict(logical_dtypes or {})
     out: dict[str, np.ndarray] = {}
     for name, value in tensors.items():
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be str, got {name!r} ({type(name).__name__})")
+        if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
+            value, log = _torch_to_numpy(name, value)
+            if log:
+                logical[name] = log
         if not isinstance(value, np.ndarray):
             raise TypeError(
-                f"tensor {name!r}: expected a numpy.ndarray, got {type(value).__name__}; convert torch tensors "
-                "with t.detach().cpu().numpy() (bfloat16: t.view(torch.int16) first)"
+                f"tensor {name!r}: expected a numpy.ndarray or torch.Tensor, got {type(value).__name__}; convert "
+                "with t.detach().cpu().numpy() (bfloat16: pass the torch tensor, or t.view(torch.int16))"
             )
         dt = value.dtype
         if dt.hasobject or dt.fields is not None or dt.itemsize == 0 or np.dtype(dt.str) != dt:
@@ -249,10 +319,11 @@ def _prepare_tensors(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]
                 f"tensor {name!r}: dtype {dt} is not a fixed-size plain numpy dtype; store structured arrays "
                 "field by field and object arrays not at all"
             )
-        arr = np.array(value, order="C", copy=True)
-        arr.flags.writeable = False
-        out[name] = arr
-    return out
+        out[name] = value if value.flags.c_contiguous else np.array(value, order="C")  # (0-d stays 0-d)
+    unknown = set(logical) - set(out)
+    if unknown:
+        raise ValueError(f"logical_dtypes names tensors that are not given: {sorted(unknown)}")
+    return out, logical
 
 
 def _normalize_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -275,29 +346,136 @@ def _to_array(entry: TensorEntry, raw: np.ndarray) -> np.ndarray:
     return arr
 
 
+def _row_bytes(dtype: np.dtype, shape: list[int] | tuple[int, ...]) -> int | None:
+    """Bytes of one row of a 2-D+ tensor (None for 0-d and 1-D tensors)."""
+    if len(shape) < 2:
+        return None
+    return math.prod(shape[1:]) * dtype.itemsize or None
+
+
+def _spans(nbytes: int, itemsize: int, row: int | None, chunk_bytes: int) -> list[tuple[int, int]]:
+    """(offset, size) of each chunk: ``chunk_bytes`` rounded down to whole rows (whole elements for 1-D, or
+    when one row is larger than a chunk), at least one row/element."""
+    if nbytes == 0:
+        return []
+    unit = row if row is not None and row <= chunk_bytes else itemsize
+    step = max(unit, chunk_bytes // unit * unit)
+    return [(o, min(step, nbytes - o)) for o in range(0, nbytes, step)]
+
+
+def _sample(u8: np.ndarray, itemsize: int) -> np.ndarray:
+    """A few evenly spaced, element-aligned slices of a big buffer, concatenated."""
+    width = max(itemsize, _SAMPLE_SLICE_BYTES // itemsize * itemsize)
+    n = u8.size // itemsize
+    starts = np.linspace(0, n - width // itemsize, _SAMPLE_SLICES).astype(np.int64) * itemsize
+    return np.concatenate([u8[s : s + width] for s in starts])
+
+
+def _encode_chunk(
+    raw: np.ndarray, itemsize: int, row: int | None, ref: ChunkEntry | None, ref_raw: np.ndarray | None,
+    ref_version: int | None,
+) -> tuple[dict[str, Any], bytes | None]:
+    """Smallest lossless encoding of one chunk. Returns (ChunkEntry fields minus offset/uploaded, payload or
+    None for "same")."""
+    if ref is None or ref_raw is None:
+        payload = encode_planes(raw, itemsize)
+        return dict(codec="full", raw_sha256=_sha256(raw), chunk=_sha256(payload), encoded_bytes=len(payload)), payload
+    if np.array_equal(raw, ref_raw):
+        return dict(
+            codec="same", raw_sha256=ref.raw_sha256, chunk=ref.chunk, encoded_bytes=ref.encoded_bytes,
+            ref_version=ref_version,
+        ), None
+    x = xor_bytes(raw, ref_raw, itemsize)
+    candidates: list[tuple[str, bytes]] = []
+    if row is not None and raw.size % row == 0:
+        rows = changed_rows(x, row)
+        n_rows = raw.size // row
+        if rows.size <= _ROWS_TRY_FRACTION * n_rows:
+            candidates.append(("rows", encode_rows(x, itemsize, row, rows)))
+            if rows.size > _ROWS_TAKE_FRACTION * n_rows:
+                candidates.insert(0, ("xor", encode_planes(x, itemsize)))
+    if not candidates:
+        if raw.size > _SAMPLE_ABOVE:
+            xs, fs = _sample(x, itemsize), _sample(raw, itemsize)
+            xor_wins = len(encode_planes(xs, itemsize)) <= len(encode_planes(fs, itemsize))
+            candidates.append(("xor", encode_planes(x, itemsize)) if xor_wins else ("full", encode_planes(raw, itemsize)))
+        else:
+            candidates += [("full", encode_planes(raw, itemsize)), ("xor", encode_planes(x, itemsize))]
+    codec, payload = min(candidates, key=lambda c: len(c[1]))
+    fields: dict[str, Any] = dict(
+        codec=codec, raw_sha256=_sha256(raw), chunk=_sha256(payload), encoded_bytes=len(payload)
+    )
+    if codec != "full":
+        fields.update(ref_version=ref_version, ref_chunk=ref.chunk)
+    if codec == "rows":
+        fields["row_bytes"] = row
+    return fields, payload
+
+
+def _mtime(info: Mapping[str, Any]) -> float | None:
+    """Modification time (seconds since the epoch) from an fsspec info dict, None when the backend has none."""
+    for key in ("mtime", "LastModified", "last_modified", "created", "ctime"):
+        value = info.get(key)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
 # --------------------------------------------------------------------------------------------------- store
 
 
 class CheckpointStore:
-    """Versioned, lossless, content-addressed checkpoints of named numpy arrays plus JSON metadata.
+    """Versioned, lossless, content-addressed checkpoints of named arrays plus JSON metadata.
 
-    Every ``full_every``-th version (counted since the last full snapshot) stores every tensor in full; the
-    versions in between store each tensor as the smallest of "same", "xor" (against the parent) and "full".
+    ``full_every``: a full base at least every ``full_every`` versions (1 = every version full).
+    ``chunk_bytes``: chunk size (4-16 MiB suits object stores; default 8 MiB).
+    ``rebase_ratio``: write a new base after a delta whose new bytes exceed this fraction of the base's size.
+    ``workers``: threads that encode, upload and decode chunks (zstd, hashlib and numpy release the GIL).
     Thread-safe; a process may hold several stores on one URL, but only one should commit to a run.
     """
 
-    def __init__(self, url: str, *, full_every: int = 8, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        full_every: int = 8,
+        storage_options: dict[str, Any] | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        rebase_ratio: float = 0.7,
+        workers: int | None = None,
+    ) -> None:
         if not isinstance(full_every, int) or full_every < 1:
             raise ValueError(f"full_every must be an int >= 1 (1 = every version full), got {full_every!r}")
+        if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be a positive int (4-16 MiB suits object stores), got {chunk_bytes!r}")
+        if not rebase_ratio > 0:
+            raise ValueError(f"rebase_ratio must be > 0, got {rebase_ratio!r}")
         self._url = _redact(url)
         self._full_every = full_every
+        self._chunk_bytes = chunk_bytes
+        self._rebase_ratio = float(rebase_ratio)
+        self._workers = max(1, workers if workers is not None else min(4, os.cpu_count() or 1))
         self._fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
         self._root = root.rstrip("/")
         self._lock = threading.RLock()
-        self._reference: _Reference | None = None
-        self._manifests: dict[int, Manifest] = {}  # committed manifests never change
-        self._known_chunks: set[str] = set()
+        self._pool: ThreadPoolExecutor | None = None
+        self._manifests: dict[int, Manifest] = {}  # committed manifests never change (gc may delete them)
         self._made_dirs: set[str] = set()
+        # writer state: the tensors deltas are encoded against, and the version the next commit builds on
+        self._refs: dict[str, _Ref] | None = None
+        self._base: Manifest | None = None
+        self._head: Manifest | None = None
+        self._pending_base: int | None = None
+        # object sha -> a committed version referencing it, for objects this store wrote or read and verified:
+        # those are not uploaded again (anything else is, see _write_chunks)
+        self._known: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self._url!r}, full_every={self._full_every})"
@@ -311,6 +489,10 @@ class CheckpointStore:
     def full_every(self) -> int:
         return self._full_every
 
+    @property
+    def chunk_bytes(self) -> int:
+        return self._chunk_bytes
+
     # ------------------------------------------------------------------------------------------- public
 
     def versions(self) -> list[int]:
@@ -323,62 +505,202 @@ class CheckpointStore:
         versions = self.versions()
         return versions[-1] if versions else None
 
-    def commit(self, tensors: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> int:
-        """Store a new version encoded against the version this store last committed or loaded (a fresh store
-        on an existing run loads the newest valid one once). Returns the new version number.
+    def commit(
+        self, tensors: Mapping[str, Any], meta: Mapping[str, Any], *, logical_dtypes: Mapping[str, str] | None = None
+    ) -> int:
+        """Store a new version: a full base, or a delta against the current base (see the module docstring).
+        ``tensors`` maps names to numpy arrays (or torch tensors). Returns the new version number.
 
-        Raises VersionConflictError if another writer claims the same version number first.
+        Raises VersionConflictError if another writer claims the same version number first, StorageError
+        (naming the store URL) if storage fails; in both cases nothing of the commit is visible.
         """
-        arrays = _prepare_tensors(tensors)
+        arrays, logical = _prepare_tensors(tensors, logical_dtypes)
         meta_json = _normalize_meta(meta)
         with self._lock:
-            ref = self._reference_for_commit()
-            depth = 0 if ref is None or ref.manifest.depth + 1 >= self._full_every else ref.manifest.depth + 1
-            base = ref if depth else None  # a full snapshot is encoded against nothing
-            entries: dict[str, TensorEntry] = {}
-            payloads: dict[str, bytes] = {}
-            raws: dict[str, np.ndarray] = {}
-            for name, arr in arrays.items():
-                entry, payload, raws[name] = self._encode_tensor(name, arr, base)
-                entries[name] = entry
-                if entry.chunk is not None and payload is not None:
-                    payloads[entry.chunk] = payload
-            self._write_chunks(payloads)
+            self._prepare_reference()
+            head, refs = self._head, self._refs
+            is_base = refs is None or head is None or self._rebase_due(head)
+            depth = 0 if is_base else head.depth + 1
+            use_refs = {} if is_base else refs
+            entries, payloads = self._encode_all(arrays, logical, use_refs)
+            version = self._storage_call("list versions", self._next_version)
             manifest = Manifest(
-                version=self._next_version(),
-                parent=None if ref is None else ref.version,
+                version=version,
+                parent=None if head is None else head.version,
+                base=None if is_base else self._base.version,
                 depth=depth,
+                chunk_bytes=self._chunk_bytes,
                 tensors=entries,
                 meta=meta_json,
             )
-            self._publish(manifest)
-            self._manifests[manifest.version] = manifest
-            self._reference = _Reference(manifest.version, manifest, raws)
-            return manifest.version
+            reused = {self._known.get(c.chunk) for e in entries.values() for c in e.chunks if not c.uploaded}
+            reused = (reused - {None}) | manifest.ref_versions()
+            self._storage_call("upload chunks", lambda: self._write_chunks(payloads))
+            self._publish(manifest, reused)
+            self._manifests[version] = manifest
+            self._head = manifest
+            for sha in manifest.objects():
+                self._known.setdefault(sha, version)
+            if is_base:
+                self._base = manifest
+                self._refs = {
+                    name: _Ref(version, entry, self._private_copy(arrays[name])) for name, entry in entries.items()
+                }
+            else:
+                for name, entry in entries.items():  # tensors new since the base: later deltas refer to this version
+                    if name not in refs and all(c.codec == "full" for c in entry.chunks):
+                        self._refs[name] = _Ref(version, entry, self._private_copy(arrays[name]))
+            return version
 
     def load(self, version: int | None = None) -> Snapshot:
-        """Restore ``version`` exactly, verifying every chunk hash and every decoded tensor hash.
+        """Restore ``version`` exactly, verifying every chunk hash and every decoded chunk hash.
 
         ``None`` means the newest version that verifies: a failing newer version is logged as a warning and
         skipped. Raises VersionNotFoundError for an unknown version and a RestoreError subclass
         (ChunkMissingError, ChunkCorruptError, ManifestCorruptError) naming the newest older loadable version.
+        The next commit builds on the loaded version (as its parent, against its base).
         """
         with self._lock:
-            ref = self._load_reference(version)
-        tensors = {name: _to_array(entry, ref.raw[name]) for name, entry in ref.manifest.tensors.items()}
-        return Snapshot(version=ref.version, tensors=tensors, meta=copy.deepcopy(ref.manifest.meta))
+            manifest, raws = self._load_verified(version)
+            self._head = manifest
+            if manifest.base is None:
+                self._base = manifest
+                self._refs = {name: _Ref(manifest.version, e, raws[name]) for name, e in manifest.tensors.items()}
+                self._pending_base = None
+            elif self._base is None or self._base.version != manifest.base:
+                self._refs, self._base, self._pending_base = None, None, manifest.base
+            for sha in manifest.objects():
+                self._known.setdefault(sha, manifest.version)
+        tensors = {name: _to_array(entry, raws[name]) for name, entry in manifest.tensors.items()}
+        logical = {n: e.logical_dtype for n, e in manifest.tensors.items() if e.logical_dtype}
+        return Snapshot(version=manifest.version, tensors=tensors, meta=copy.deepcopy(manifest.meta), logical_dtypes=logical)
 
     def manifest(self, version: int) -> dict[str, Any]:
         """The manifest of a committed version as a JSON-compatible dict (a copy)."""
         return json.loads(self._committed_manifest(version).to_json_bytes())
 
     def size_report(self, version: int) -> dict[str, Any]:
-        """Bytes this version added to storage (its own chunks; "same" adds none) against its raw size."""
-        manifest = self._committed_manifest(version)
-        counts = {"full": 0, "xor": 0, "same": 0}
-        for entry in manifest.tensors.values():
-            counts[entry.codec] += 1
-        return {"raw_bytes": manifest.raw_bytes(), "encoded_bytes": manifest.encoded_bytes(), "codec_counts": counts}
+        """``encoded_bytes``: bytes this version's commit added to storage ("same" chunks and objects already
+        referenced add none); ``stored_bytes``: bytes of the objects its chunks name (a "same" chunk names the
+        base's object; the base objects that "xor"/"rows" chunks decode against are not counted);
+        ``raw_bytes``; ``codec_counts`` per chunk; ``base`` (None: a full base) and ``depth``."""
+        m = self._committed_manifest(version)
+        return {
+            "raw_bytes": m.raw_bytes(),
+            "encoded_bytes": m.encoded_bytes(),
+            "stored_bytes": m.stored_bytes(),
+            "codec_counts": m.codec_counts(),
+            "chunks": sum(len(e.chunks) for e in m.tensors.values()),
+            "base": m.base,
+            "depth": m.depth,
+        }
+
+    def verify(self, version: int | None = None) -> dict[str, Any]:
+        """Read and check every object (sha256 of stored bytes) and every decoded chunk (raw_sha256) of
+        ``version``, or of every committed version when None. Returns ``{"checked": [...], "errors": {v: msg}}``
+        and never raises for corruption (VersionNotFoundError for an unknown version)."""
+        with self._lock:
+            committed = self.versions()
+            targets = committed if version is None else [version]
+            if version is not None and version not in committed:
+                raise VersionNotFoundError(self._url, version, committed)
+            errors: dict[int, str] = {}
+            for v in targets:
+                try:
+                    self._restore(v)
+                except RestoreError as exc:
+                    errors[v] = str(exc)
+            return {"checked": targets, "errors": errors}
+
+    def gc(
+        self,
+        keep_last: int = 1,
+        keep_every: int | None = None,
+        *,
+        grace_s: float = 3600.0,
+        claim_grace_s: float = 3600.0,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """Delete versions outside the retention policy, then objects no remaining manifest references.
+
+        Kept: the newest ``keep_last`` (>= 1) committed versions, every version divisible by ``keep_every``,
+        and every version a kept one references (its base). Objects are deleted only when unreferenced by every
+        manifest, committed or in flight, and older than ``grace_s``; safe while a writer commits (the module
+        docstring gives the argument). A claim (manifest without marker) is deleted only when older than
+        ``claim_grace_s``: a younger one may belong to a writer about to create its marker. Returns a report of
+        what was (``dry_run``: would be) deleted.
+        """
+        if not isinstance(keep_last, int) or keep_last < 1:
+            raise ValueError(f"keep_last must be an int >= 1 (the newest version is always kept), got {keep_last!r}")
+        if keep_every is not None and (not isinstance(keep_every, int) or keep_every < 1):
+            raise ValueError(f"keep_every must be None or an int >= 1, got {keep_every!r}")
+        with self._lock:
+            objects = self._list_objects()  # (a) before anything else: later uploads are not candidates
+            committed, claimed = self._scan()
+            ordered = sorted(committed)
+            keep = set(ordered[-keep_last:])
+            if keep_every:
+                keep |= {v for v in ordered if v % keep_every == 0}
+            needed = set(keep)
+            for v in sorted(keep):  # (b) a kept version's base (and late-tensor versions) stay
+                try:
+                    needed |= self._read_manifest(v, v).ref_versions() & committed
+                except RestoreError as exc:
+                    logger.warning("gc: %s; keeping it, and keeping everything it may reference", exc)
+                    needed |= {u for u in committed if u < v}
+            doomed = sorted(set(ordered) - needed)
+            now = time.time()
+            stale_claims = []
+            for v in sorted(claimed - committed):
+                info = self._info_or_none(self._manifest_path(v))
+                t = None if info is None else _mtime(info)
+                if t is not None and now - t > claim_grace_s:
+                    stale_claims.append(v)
+            if not dry_run:  # (c) marker first: the version vanishes for readers in one step
+                for v in doomed:
+                    self._fs.rm_file(self._marker_path(v))
+                    self._discard(self._manifest_path(v))
+                    self._manifests.pop(v, None)
+                    if self._head is not None and self._head.version == v:
+                        self._head = None
+                    if self._base is not None and self._base.version == v:
+                        self._refs, self._base = None, None
+                for v in stale_claims:
+                    self._discard(self._manifest_path(v))
+                self._known = {s: v for s, v in self._known.items() if v not in set(doomed)}
+            referenced = self._referenced_objects(exclude=set(doomed) if dry_run else set())  # (d)
+            deleted, freed, young = [], 0, 0
+            for sha, (path, info) in sorted(objects.items()):
+                if sha in referenced:
+                    continue
+                fresh = self._info_or_none(path) if not dry_run else info  # (e) re-read just before deleting
+                if fresh is None:
+                    continue
+                t = _mtime(fresh)
+                if grace_s > 0 and (t is None or time.time() - t <= grace_s):
+                    young += 1
+                    continue
+                if not dry_run:
+                    self._discard(path)
+                    self._known.pop(sha, None)
+                deleted.append(sha)
+                freed += int(fresh.get("size") or 0)
+            return {
+                "kept_versions": sorted(needed),
+                "deleted_versions": doomed,
+                "deleted_claims": stale_claims,
+                "deleted_chunks": len(deleted),
+                "freed_bytes": freed,
+                "young_unreferenced_chunks": young,
+                "dry_run": dry_run,
+            }
+
+    def close(self) -> None:
+        """Stop the worker threads (the store stays usable; they restart on demand)."""
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
     # ------------------------------------------------------------------------------------------- paths
 
@@ -393,80 +715,130 @@ class CheckpointStore:
 
     # ----------------------------------------------------------------------------------------- writing
 
-    def _reference_for_commit(self) -> _Reference | None:
-        """The in-memory reference, or the newest valid stored version loaded once; None means "write a full
-        snapshot" (empty store, or nothing in it verifies)."""
-        if self._reference is None and self.versions():
-            try:
-                self._load_reference(None)
-            except RestoreError as exc:
-                logger.warning("%s Committing a full snapshot instead of a delta.", exc)
-        return self._reference
+    def _map(self, fn: Callable[..., Any], items: list[Any]) -> list[Any]:
+        """Run ``fn`` over items on the worker threads, in order; the first failure is raised."""
+        if len(items) <= 1 or self._workers == 1:
+            return [fn(*it) for it in items]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="ckpt")
+        return list(self._pool.map(lambda it: fn(*it), items))
 
-    def _load_reference(self, version: int | None) -> _Reference:
-        """Restore ``version`` (None: newest valid) and keep it as the reference for the next commit."""
-        committed = self.versions()
-        if version is None:
-            manifest, raws = self._restore_newest(committed)
-        else:
-            if version not in committed:
-                raise VersionNotFoundError(self._url, version, committed)
-            try:
-                manifest, raws = self._restore(version)
-            except RestoreError as exc:
-                raise exc.with_fallback(self._newest_loadable_before(version, committed, exc)) from None
-        self._reference = _Reference(manifest.version, manifest, raws)
-        return self._reference
+    def _storage_call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Run a storage operation of a commit; backend failures become StorageError naming the store URL."""
+        try:
+            return fn()
+        except CheckpointError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - botocore, aiohttp, OSError ...: all mean "storage failed"
+            raise StorageError(
+                f"checkpoint store {self._url}: could not {what} ({type(exc).__name__}: {exc}); nothing of this "
+                "commit is visible, commit again when storage is reachable"
+            ) from exc
 
-    def _encode_tensor(
-        self, name: str, arr: np.ndarray, ref: _Reference | None
-    ) -> tuple[TensorEntry, bytes | None, np.ndarray]:
-        """Pick the smallest lossless encoding against ``ref`` (None: full snapshot).
-        Returns (entry, payload or None for "same", raw bytes to keep as the next reference)."""
-        raw = _raw_view(arr)
-        raw_sha = _sha256(raw)
+    @staticmethod
+    def _private_copy(arr: np.ndarray) -> np.ndarray:
+        raw = _raw_view(arr).copy()
+        raw.flags.writeable = False
+        return raw
 
-        def entry(codec: Codec, payload: bytes | None, ref_version: int | None) -> TensorEntry:
-            return TensorEntry(
-                dtype=arr.dtype.str,
-                shape=list(arr.shape),
-                nbytes=arr.nbytes,
-                codec=codec,
-                chunk=None if payload is None else _sha256(payload),
-                ref_version=ref_version,
-                raw_sha256=raw_sha,
-                encoded_bytes=0 if payload is None else len(payload),
+    def _rebase_due(self, head: Manifest) -> bool:
+        """A new base after ``full_every - 1`` deltas, or after a delta that cost > rebase_ratio x its base."""
+        if head.depth + 1 >= self._full_every:
+            return True
+        if head.base is None or self._base is None:
+            return False
+        new = {c.chunk: c.encoded_bytes for e in head.tensors.values() for c in e.chunks if c.codec != "same"}
+        base_size = self._base.stored_bytes()
+        return base_size > 0 and sum(new.values()) > self._rebase_ratio * base_size
+
+    def _prepare_reference(self) -> None:
+        """Make sure the writer knows what to encode against: nothing in memory (fresh store, or a loaded delta
+        whose base is not restored yet) -> restore the base of the newest (or loaded) version, once."""
+        if self._refs is not None:
+            return
+        base_version = self._pending_base
+        if base_version is None:
+            committed = self.versions()
+            for v in reversed(committed):
+                try:
+                    head = self._read_manifest(v, v)
+                except RestoreError as exc:
+                    logger.warning("%s Skipping it when choosing what to commit against.", exc)
+                    continue
+                self._head = head
+                base_version = head.version if head.base is None else head.base
+                break
+            if base_version is None:
+                self._head = None
+                return
+        try:
+            base, raws = self._restore(base_version)
+        except RestoreError as exc:
+            logger.warning("%s Committing a full snapshot instead of a delta.", exc)
+            self._head, self._pending_base, self._known = None, None, {}
+            return
+        self._base, self._pending_base = base, None
+        self._refs = {name: _Ref(base.version, e, raws[name]) for name, e in base.tensors.items()}
+        for sha in base.objects():
+            self._known.setdefault(sha, base.version)
+
+    def _encode_all(
+        self, arrays: dict[str, np.ndarray], logical: dict[str, str], refs: dict[str, _Ref]
+    ) -> tuple[dict[str, TensorEntry], dict[str, bytes]]:
+        """Encode every chunk of every tensor (on the worker threads)."""
+        jobs: list[tuple[Any, ...]] = []
+        layout: dict[str, list[int]] = {}
+        for name, arr in arrays.items():
+            raw = _raw_view(arr)
+            row = _row_bytes(arr.dtype, arr.shape)
+            ref = refs.get(name)
+            if ref is not None and (ref.entry.dtype, ref.entry.shape) != (arr.dtype.str, list(arr.shape)):
+                ref = None
+            if ref is not None:
+                spans = [(c.offset, c.nbytes) for c in ref.entry.chunks]
+            else:
+                spans = _spans(arr.nbytes, arr.itemsize, row, self._chunk_bytes)
+            layout[name] = []
+            for i, (off, n) in enumerate(spans):
+                r = None if ref is None else ref.entry.chunks[i]
+                rr = None if ref is None else ref.raw[off : off + n]
+                row_ok = row if row is not None and off % row == 0 and n % row == 0 else None
+                layout[name].append(len(jobs))
+                jobs.append((raw[off : off + n], arr.itemsize, row_ok, r, rr, None if ref is None else ref.version, off))
+
+        def run(raw, itemsize, row, r, rr, ref_version, off):
+            fields, payload = _encode_chunk(raw, itemsize, row, r, rr, ref_version)
+            return off, int(raw.size), fields, payload
+
+        results = self._map(run, jobs)
+        entries: dict[str, TensorEntry] = {}
+        payloads: dict[str, bytes] = {}
+        for name, arr in arrays.items():
+            chunks = []
+            for j in layout[name]:
+                off, n, fields, payload = results[j]
+                uploaded = payload is not None and fields["chunk"] not in self._known
+                if uploaded:
+                    payloads[fields["chunk"]] = payload
+                chunks.append(ChunkEntry(offset=off, nbytes=n, uploaded=uploaded, **fields))
+            entries[name] = TensorEntry(
+                dtype=arr.dtype.str, shape=list(arr.shape), nbytes=arr.nbytes, logical_dtype=logical.get(name),
+                chunks=chunks,
             )
-
-        prev = None if ref is None else ref.manifest.tensors.get(name)
-        if ref is None or prev is None or (prev.dtype, prev.shape) != (arr.dtype.str, list(arr.shape)):
-            full = encode_full(raw, arr.itemsize)
-            return entry("full", full, None), full, raw
-        if prev.raw_sha256 == raw_sha:
-            return entry("same", None, ref.version), None, ref.raw[name]
-        xor = encode_xor(raw, ref.raw[name], arr.itemsize)
-        full = encode_full(raw, arr.itemsize)
-        if len(xor) < len(full):
-            return entry("xor", xor, ref.version), xor, raw
-        return entry("full", full, None), full, raw
+        return entries, payloads
 
     def _write_chunks(self, payloads: dict[str, bytes]) -> None:
-        """Write each chunk unless an object of that name and size exists (content addressing makes the
-        name a promise about the content; the size check catches a truncated leftover)."""
-        for sha, data in payloads.items():
-            if sha in self._known_chunks:
-                continue
-            path = self._chunk_path(sha)
-            if self._size_or_none(path) != len(data):
-                self._put_whole(path, data)
-            self._known_chunks.add(sha)
+        """Upload every object (always: an existing object of the same name may be an orphan that gc is
+        about to delete; uploading refreshes it, see the module docstring)."""
+        self._map(lambda sha, data: self._put_whole(self._chunk_path(sha), data), list(payloads.items()))
 
     def _next_version(self) -> int:
         committed, claimed = self._scan()
         return max(committed | claimed, default=-1) + 1
 
-    def _publish(self, manifest: Manifest) -> None:
-        """Claim the version with the manifest, then make it visible with the marker (see module docstring)."""
+    def _publish(self, manifest: Manifest, reused: set[int]) -> None:
+        """Claim the version with the manifest, check what it reuses still exists, then make it visible with
+        the marker (see module docstring)."""
         version = manifest.version
         manifest_path, marker_path = self._manifest_path(version), self._marker_path(version)
         data = manifest.to_json_bytes()
@@ -474,9 +846,22 @@ class CheckpointStore:
             self._create_exclusive(manifest_path, data)
         except FileExistsError:
             raise VersionConflictError(self._url, version) from None
-        except BaseException:
+        except BaseException as exc:
             self._discard_if_ours(manifest_path, data)
+            if isinstance(exc, Exception) and not isinstance(exc, CheckpointError):
+                raise self._storage_error("write manifest", exc) from exc
             raise
+        for v in sorted(reused):
+            present = self._exists_or_none(self._marker_path(v))
+            if not present:
+                self._discard(manifest_path)
+                self._refs, self._base, self._head, self._known = None, None, None, {}
+                what = "was deleted (by gc?)" if present is False else "could not be checked (storage unreachable?)"
+                err = StorageError if present is None else CheckpointError
+                raise err(
+                    f"checkpoint store {self._url}: version {v}, whose chunks version {version} reuses, {what} "
+                    "during the commit; nothing of this commit is visible. Commit again (it writes a full version)"
+                )
         try:
             self._create_exclusive(marker_path, b"")
         except FileExistsError:
@@ -491,7 +876,15 @@ class CheckpointStore:
                 return
             if landed is False:  # when unknown (None) keep the claim: an orphan claim only costs a number
                 self._discard(manifest_path)
+            if isinstance(exc, Exception) and not isinstance(exc, CheckpointError):
+                raise self._storage_error("write commit marker", exc) from exc
             raise
+
+    def _storage_error(self, what: str, exc: BaseException) -> StorageError:
+        return StorageError(
+            f"checkpoint store {self._url}: could not {what} ({type(exc).__name__}: {exc}); nothing of this "
+            "commit is visible, commit again when storage is reachable"
+        )
 
     # ------------------------------------------------------------------------------------- backend I/O
 
@@ -513,6 +906,46 @@ class CheckpointStore:
                 elif ext == "json":
                     claimed.add(int(stem))
         return committed, claimed
+
+    def _list_objects(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        """sha -> (path, info) of every chunk object (temp files of interrupted local writes included by path)."""
+        directory = f"{self._root}/chunks"
+        self._fs.invalidate_cache(directory)
+        try:
+            found = self._fs.find(directory, detail=True)
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for path, info in found.items():
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            out[name] = (path, info)
+        return out
+
+    def _referenced_objects(self, exclude: set[int]) -> set[str]:
+        """Objects referenced by any manifest present now, committed or claimed (in flight). A claim that does
+        not parse (still being written, or half written by a crash) protects nothing, but its objects are
+        young and protected by the grace period."""
+        committed, claimed = self._scan()
+        refs: set[str] = set()
+        for v in sorted((committed | claimed) - exclude):
+            try:
+                self._fs.invalidate_cache(self._manifest_path(v))
+                refs |= Manifest.from_json_bytes(self._fs.cat_file(self._manifest_path(v))).objects()
+            except FileNotFoundError:
+                continue
+            except ValueError:
+                if v in committed:
+                    raise ManifestCorruptError(
+                        url=self._url, version=v, detail="gc cannot tell what it references; nothing deleted"
+                    ) from None
+        return refs
+
+    def _info_or_none(self, path: str) -> dict[str, Any] | None:
+        try:
+            self._fs.invalidate_cache(path)
+            return self._fs.info(path)
+        except FileNotFoundError:
+            return None
 
     def _makedirs(self, path: str) -> None:
         """Local directories must exist before a write; object stores and memory:// have none to make."""
@@ -618,74 +1051,64 @@ class CheckpointStore:
         try:
             manifest = Manifest.from_json_bytes(data)
         except ValueError as exc:
-            raise corrupt(f"manifest {path} is not a valid schema-1 manifest ({str(exc)[:300]})") from None
+            raise corrupt(f"manifest {path} is not a valid schema-2 manifest ({str(exc)[:300]})") from None
         if manifest.version != version:
             raise corrupt(f"manifest {path} says it is version {manifest.version}")
         self._manifests[version] = manifest
         return manifest
 
-    def _chain(self, requested: int, name: str) -> list[tuple[int, TensorEntry]]:
-        """(version, entry) pairs to apply for one tensor, newest first, ending at its last full entry."""
-        version, entry = requested, self._read_manifest(requested, requested).tensors[name]
-        chain = [(version, entry)]
-        while entry.ref_version is not None:  # "xor" and "same" have one, "full" has none
-            ref_version = entry.ref_version
-            ref = self._read_manifest(ref_version, requested).tensors.get(name)
-            if ref is None or (ref.dtype, ref.shape) != (entry.dtype, entry.shape) or (
-                entry.codec == "same" and ref.raw_sha256 != entry.raw_sha256
-            ):
-                raise ManifestCorruptError(
-                    url=self._url,
-                    version=requested,
-                    tensor=name,
-                    source_version=version,
-                    detail=f"its {entry.codec!r} entry refers to version {ref_version}, which has no matching entry",
-                )
-            version, entry = ref_version, ref
-            chain.append((version, entry))
-        return chain
+    def _load_verified(self, version: int | None) -> tuple[Manifest, dict[str, np.ndarray]]:
+        committed = self.versions()
+        if version is None:
+            return self._restore_newest(committed)
+        if version not in committed:
+            raise VersionNotFoundError(self._url, version, committed)
+        try:
+            return self._restore(version)
+        except RestoreError as exc:
+            raise exc.with_fallback(self._newest_loadable_before(version, committed, exc)) from None
 
     def _restore(self, version: int) -> tuple[Manifest, dict[str, np.ndarray]]:
-        """Verified raw bytes of every tensor of ``version``. All manifests on the chains are read first, so a
-        broken manifest fails before any decoding."""
+        """Verified raw bytes (read-only flat uint8) of every tensor of ``version``, chunks decoded on the
+        worker threads; the first failing chunk in manifest order is raised."""
         manifest = self._read_manifest(version, version)
-        chains = {name: self._chain(version, name) for name in manifest.tensors}
-        return manifest, {name: self._apply_chain(version, name, chain) for name, chain in chains.items()}
+        raws = {name: np.empty(e.nbytes, dtype=np.uint8) for name, e in manifest.tensors.items()}
+        jobs = [
+            (version, name, e, c, raws[name][c.offset : c.offset + c.nbytes])
+            for name, e in manifest.tensors.items()
+            for c in e.chunks
+        ]
+        self._map(self._restore_chunk, jobs)
+        for raw in raws.values():
+            raw.flags.writeable = False
+        return manifest, raws
 
-    def _apply_chain(self, requested: int, name: str, chain: list[tuple[int, TensorEntry]]) -> np.ndarray:
-        """Decode oldest (a "full" entry) to newest; "same" entries carry no chunk and change nothing (_chain
-        checked that their raw hashes agree)."""
-        raw = np.empty(0, dtype=np.uint8)
-        for version, entry in reversed(chain):
-            if entry.chunk is not None:
-                raw = self._decode(requested, name, version, entry, entry.chunk, raw)
-        raw.flags.writeable = False
-        return raw
-
-    def _decode(
-        self, requested: int, name: str, version: int, entry: TensorEntry, chunk: str, parent_raw: np.ndarray
-    ) -> np.ndarray:
-        """One verified decode step: chunk hash, then decoded-bytes hash against the entry's raw_sha256."""
-        payload = self._read_chunk(requested, name, version, chunk)
+    def _restore_chunk(self, requested: int, name: str, entry: TensorEntry, c: ChunkEntry, out: np.ndarray) -> None:
+        """Decode one chunk into ``out``: object hash(es) checked on read, decoded bytes against raw_sha256."""
+        own_version = c.ref_version if c.codec == "same" else requested
+        payload = self._read_chunk(requested, name, own_version, c.chunk)
 
         def corrupt(detail: str) -> ChunkCorruptError:
             return ChunkCorruptError(
-                url=self._url, version=requested, tensor=name, chunk=chunk, source_version=version, detail=detail
+                url=self._url, version=requested, tensor=name, chunk=c.chunk, source_version=own_version, detail=detail
             )
 
         itemsize = np.dtype(entry.dtype).itemsize
         try:
-            if entry.codec == "xor":
-                raw = decode_xor(payload, parent_raw, itemsize)
+            if c.codec in ("full", "same"):
+                decode_full(payload, itemsize, out=out)
             else:
-                raw = decode_full(payload, itemsize)
+                ref = decode_full(self._read_chunk(requested, name, c.ref_version, c.ref_chunk), itemsize)
+                if c.codec == "xor":
+                    decode_xor(payload, ref, itemsize, out=out)
+                else:
+                    decode_rows(payload, ref, itemsize, c.row_bytes, out=out)
         except ValueError as exc:
             raise corrupt(f"payload does not decode ({exc})") from None
-        if raw.size != entry.nbytes or _sha256(raw) != entry.raw_sha256:
-            raise corrupt("decoded bytes do not match the manifest's raw_sha256")
-        return raw
+        if _sha256(out) != c.raw_sha256:
+            raise corrupt(f"decoded bytes at offset {c.offset} do not match the manifest's raw_sha256")
 
-    def _read_chunk(self, requested: int, name: str, version: int, chunk: str) -> bytes:
+    def _read_chunk(self, requested: int, name: str, version: int | None, chunk: str) -> bytes:
         path = self._chunk_path(chunk)
         fields: dict[str, Any] = dict(
             url=self._url, version=requested, tensor=name, chunk=chunk, source_version=version
@@ -714,23 +1137,14 @@ class CheckpointStore:
         raise errors[0].with_fallback(None)
 
     def _newest_loadable_before(self, version: int, committed: Iterable[int], exc: RestoreError) -> int | None:
-        """Newest older version that restores, for error messages. Versions that need the bad chunk are
+        """Newest older version that restores, for error messages. Versions that need the bad object are
         skipped without decoding anything."""
         for older in sorted((v for v in committed if v < version), reverse=True):
             try:
-                if exc.chunk is not None and exc.chunk in self._chunks_needed(older):
+                if exc.chunk is not None and exc.chunk in self._read_manifest(older, older).objects():
                     continue
                 self._restore(older)
             except RestoreError:
                 continue
             return older
         return None
-
-    def _chunks_needed(self, version: int) -> set[str]:
-        manifest = self._read_manifest(version, version)
-        return {
-            entry.chunk
-            for name in manifest.tensors
-            for _, entry in self._chain(version, name)
-            if entry.chunk is not None
-        }

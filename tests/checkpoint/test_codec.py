@@ -102,3 +102,33 @@ def test_zstd_contexts_are_reused_per_thread_not_shared() -> None:
     thread.start()
     thread.join()
     assert other[0] is not codec._compressor()
+
+
+@pytest.mark.parametrize("itemsize,cols", [(4, 16), (8, 3), (1, 5), (2, 64)])
+def test_rows_round_trip_is_byte_exact(itemsize: int, cols: int) -> None:
+    from rl_core.checkpoint.codec import decode_rows, encode_rows, xor_bytes
+
+    rng = np.random.default_rng(itemsize * cols)
+    row = itemsize * cols
+    parent = np.frombuffer(rng.bytes(500 * row), np.uint8)
+    new = parent.copy()
+    for r in rng.choice(500, 7, replace=False):
+        new[r * row + rng.integers(row)] ^= 0x5A
+    enc = encode_rows(xor_bytes(new, parent, itemsize), itemsize, row)
+    assert decode_rows(enc, parent, itemsize, row).tobytes() == new.tobytes()
+    assert len(enc) < 20 * row + 200
+    same = encode_rows(xor_bytes(parent, parent, itemsize), itemsize, row)
+    assert decode_rows(same, parent, itemsize, row).tobytes() == parent.tobytes()
+
+
+def test_rows_decoder_rejects_bad_payloads() -> None:
+    from rl_core.checkpoint.codec import decode_rows, encode_rows
+
+    parent = bytes(64)
+    with pytest.raises(ValueError, match="not a valid zstd frame"):
+        decode_rows(b"nope", parent, 4, 16)
+    bad = zstandard.ZstdCompressor().compress(np.array([99], "<u8").tobytes())
+    with pytest.raises(ValueError, match="does not hold 99 rows"):
+        decode_rows(bad, parent, 4, 16)
+    with pytest.raises(ValueError, match="row_bytes"):
+        encode_rows(bytes(64), 4, 6)

@@ -28,8 +28,15 @@ def _fs_root(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
 
 
 def _chunk_path(store: CheckpointStore, url: str, version: int, tensor: str) -> str:
-    sha = store.manifest(version)["tensors"][tensor]["chunk"]
+    sha = store.manifest(version)["tensors"][tensor]["chunks"][0]["chunk"]
     return f"{_fs_root(url)[1]}/chunks/{sha[:2]}/{sha}"
+
+
+def _codec(store: CheckpointStore, version: int, tensor: str) -> str:
+    """Codec of a single-chunk tensor (every tensor in this file is smaller than one chunk)."""
+    chunks = store.manifest(version)["tensors"][tensor]["chunks"]
+    assert len(chunks) == 1
+    return chunks[0]["codec"]
 
 
 def _all_files(url: str) -> list[str]:
@@ -106,7 +113,7 @@ def test_caller_may_mutate_arrays_after_commit_and_after_load(url: str) -> None:
     snap = store.load(0)
     snap.tensors["w"][:] = 1
     store.commit(kept, {})
-    assert store.manifest(1)["tensors"]["w"]["codec"] == "same"
+    assert _codec(store, 1, "w") == "same"
     assert_same_tensors(CheckpointStore(url).load(1).tensors, kept)
 
 
@@ -127,13 +134,16 @@ def test_delta_chain_over_several_full_snapshots_restores_every_version(url: str
         history.append({k: v.copy() for k, v in state.items()})
         state = _step(state, rng)
 
-    codecs = {v: store.manifest(v)["tensors"] for v in range(10)}
     for v in (0, 3, 6, 9):
-        assert {e["codec"] for e in codecs[v].values()} == {"full"} and store.manifest(v)["depth"] == 0
-    assert codecs[1]["w"]["codec"] == "xor" and codecs[1]["frozen"]["codec"] == "same"
-    assert codecs[4]["new"]["codec"] == "full"
-    assert codecs[5]["b"]["codec"] == "full" and codecs[7]["new"]["codec"] == "full"
-    assert store.manifest(2)["parent"] == 1 and store.manifest(2)["depth"] == 2
+        assert store.size_report(v)["codec_counts"]["full"] == len(store.manifest(v)["tensors"])
+        assert store.manifest(v)["depth"] == 0 and store.manifest(v)["base"] is None
+    assert _codec(store, 1, "w") == "xor" and _codec(store, 1, "frozen") == "same"
+    assert _codec(store, 4, "new") == "full"
+    assert _codec(store, 5, "b") == "full" and _codec(store, 7, "new") == "full"
+    assert _codec(store, 5, "new") == "same"  # a tensor new since the base is the reference of later deltas
+    m2 = store.manifest(2)
+    assert m2["parent"] == 1 and m2["depth"] == 2 and m2["base"] == 0
+    assert m2["tensors"]["w"]["chunks"][0]["ref_version"] == 0  # against the base, not chained to version 1
 
     fresh = CheckpointStore(url)
     for v in [9, 0, 5, 2, 8, 1, 7, 3, 6, 4]:
@@ -150,9 +160,10 @@ def test_unchanged_tensors_cost_no_new_chunk(url: str) -> None:
     store.commit(state, {"again": True})
     assert _chunk_files(url) == before
     report = store.size_report(1)
-    assert report["encoded_bytes"] == 0 and report["codec_counts"] == {"full": 0, "xor": 0, "same": 4}
-    entry = store.manifest(1)["tensors"]["w"]
-    assert entry["chunk"] is None and entry["ref_version"] == 0 and entry["encoded_bytes"] == 0
+    assert report["encoded_bytes"] == 0 and report["codec_counts"] == {"full": 0, "xor": 0, "rows": 0, "same": 4}
+    chunk = store.manifest(1)["tensors"]["w"]["chunks"][0]
+    assert chunk["chunk"] == store.manifest(0)["tensors"]["w"]["chunks"][0]["chunk"]  # the base's object
+    assert chunk["ref_version"] == 0 and chunk["uploaded"] is False
 
 
 def test_xor_delta_is_much_smaller_than_full_for_a_small_update(url: str) -> None:
@@ -161,7 +172,7 @@ def test_xor_delta_is_much_smaller_than_full_for_a_small_update(url: str) -> Non
     store.commit(state, {})
     state["w"][::1000] += 1e-4
     store.commit(state, {})
-    full_entry, xor_entry = store.manifest(0)["tensors"]["w"], store.manifest(1)["tensors"]["w"]
+    full_entry, xor_entry = (store.manifest(v)["tensors"]["w"]["chunks"][0] for v in (0, 1))
     assert xor_entry["codec"] == "xor" and xor_entry["ref_version"] == 0
     assert xor_entry["encoded_bytes"] * 20 < full_entry["encoded_bytes"]
 
@@ -188,10 +199,10 @@ def test_commit_never_rereads_the_parent_and_a_fresh_store_loads_it_once(url: st
     state = _step(state, rng)
     fresh.commit(state, {})
     assert reads == first  # ... and never again
-    assert fresh.manifest(2)["tensors"]["w"]["codec"] == "xor" and fresh.manifest(2)["parent"] == 1
+    assert _codec(fresh, 2, "w") == "xor" and fresh.manifest(2)["parent"] == 1
 
 
-def test_commit_after_loading_an_older_version_deltas_against_it(url: str) -> None:
+def test_commit_after_loading_an_older_version_builds_on_it(url: str) -> None:
     store = CheckpointStore(url)
     rng = np.random.default_rng(6)
     states = [_policy_state(6)]
@@ -203,8 +214,13 @@ def test_commit_after_loading_an_older_version_deltas_against_it(url: str) -> No
     other.load(1)
     assert other.commit(states[1], {}) == 4
     manifest = other.manifest(4)
-    assert manifest["parent"] == 1 and manifest["depth"] == 2
-    assert {e["codec"] for e in manifest["tensors"].values()} == {"same"}
+    assert manifest["parent"] == 1 and manifest["depth"] == 2 and manifest["base"] == 0
+    # the same state as version 1, encoded against the same base: the same objects, nothing new stored
+    assert manifest["tensors"] == {
+        name: {**entry, "chunks": [{**c, "uploaded": False} for c in entry["chunks"]]}
+        for name, entry in other.manifest(1)["tensors"].items()
+    }
+    assert other.size_report(4)["encoded_bytes"] == 0
     assert_same_tensors(CheckpointStore(url).load(4).tensors, states[1])
 
 
@@ -212,18 +228,21 @@ def test_manifest_schema_and_size_report(url: str) -> None:
     store = CheckpointStore(url)
     store.commit({"x": np.ones((2, 3), np.float32)}, {"note": "hi"})
     m = store.manifest(0)
-    assert m["schema_version"] == 1 and m["version"] == 0 and m["parent"] is None and m["meta"] == {"note": "hi"}
+    assert m["schema_version"] == 2 and m["version"] == 0 and m["parent"] is None and m["meta"] == {"note": "hi"}
+    assert m["base"] is None and m["depth"] == 0 and m["chunk_bytes"] == store.chunk_bytes == 8 << 20
     datetime.fromisoformat(m["created"])
     entry = m["tensors"]["x"]
-    assert entry["dtype"] == "<f4" and entry["shape"] == [2, 3] and entry["nbytes"] == 24 and entry["codec"] == "full"
-    assert len(entry["chunk"]) == 64 and len(entry["raw_sha256"]) == 64 and entry["ref_version"] is None
+    assert entry["dtype"] == "<f4" and entry["shape"] == [2, 3] and entry["nbytes"] == 24
+    (chunk,) = entry["chunks"]
+    assert chunk["codec"] == "full" and chunk["offset"] == 0 and chunk["nbytes"] == 24 and chunk["uploaded"]
+    assert len(chunk["chunk"]) == 64 and len(chunk["raw_sha256"]) == 64 and chunk["ref_version"] is None
     report = store.size_report(0)
-    assert report["raw_bytes"] == 24 and report["encoded_bytes"] == entry["encoded_bytes"]
-    assert report["codec_counts"] == {"full": 1, "xor": 0, "same": 0}
+    assert report["raw_bytes"] == 24 and report["encoded_bytes"] == chunk["encoded_bytes"]
+    assert report["codec_counts"] == {"full": 1, "xor": 0, "rows": 0, "same": 0}
     files = _all_files(url)
     root = _fs_root(url)[1]
     assert f"{root}/versions/00000000.json" in files and f"{root}/versions/00000000.commit" in files
-    assert f"{root}/chunks/{entry['chunk'][:2]}/{entry['chunk']}" in files
+    assert f"{root}/chunks/{chunk['chunk'][:2]}/{chunk['chunk']}" in files
 
 
 def test_bad_inputs_are_rejected_before_anything_is_written(url: str) -> None:
@@ -260,7 +279,7 @@ def test_corrupt_chunk_is_reported_with_tensor_version_chunk_and_fallback(url: s
     data = bytearray(fs.cat_file(path))
     data[len(data) // 2] ^= 0xFF
     fs.pipe_file(path, bytes(data))
-    sha = store.manifest(3)["tensors"]["w"]["chunk"]
+    sha = store.manifest(3)["tensors"]["w"]["chunks"][0]["chunk"]
 
     fresh = CheckpointStore(url)
     with pytest.raises(ChunkCorruptError) as info:
@@ -277,29 +296,37 @@ def test_corrupt_chunk_is_reported_with_tensor_version_chunk_and_fallback(url: s
     assert any("version 3" in r.getMessage() and "Falling back to version 2" in r.getMessage() for r in caplog.records)
 
 
-def test_missing_chunk_of_an_early_delta_fails_every_dependent_version(url: str, caplog) -> None:
-    store, states = _three_versions(url)
-    sha = store.manifest(1)["tensors"]["w"]["chunk"]
-    assert store.manifest(1)["tensors"]["w"]["codec"] == "xor"
-    _fs_root(url)[0].rm_file(_chunk_path(store, url, 1, "w"))
+def test_missing_chunk_of_a_base_fails_every_version_built_on_it(url: str, caplog) -> None:
+    rng = np.random.default_rng(7)
+    store = CheckpointStore(url, full_every=2)  # 0 base, 1 delta, 2 base, 3 delta
+    states = [_policy_state(7)]
+    for _ in range(3):
+        states.append(_step(states[-1], rng))
+    for s in states:
+        store.commit(s, {})
+    assert store.manifest(3)["base"] == 2 and _codec(store, 3, "w") == "xor"
+    sha = store.manifest(2)["tensors"]["w"]["chunks"][0]["chunk"]
+    assert store.manifest(3)["tensors"]["w"]["chunks"][0]["ref_chunk"] == sha
+    _fs_root(url)[0].rm_file(_chunk_path(store, url, 2, "w"))
 
     fresh = CheckpointStore(url)
     with pytest.raises(ChunkMissingError) as info:
         fresh.load(3)
     msg = str(info.value)
-    assert "version 3" in msg and "'w'" in msg and sha in msg and "stored with version 1" in msg and "load(0)" in msg
+    assert "version 3" in msg and "'w'" in msg and sha in msg and "stored with version 2" in msg and "load(1)" in msg
+    assert_same_tensors(fresh.load(1).tensors, states[1])  # deltas are against their own base only
     with caplog.at_level(logging.WARNING, logger="rl_core.checkpoint"):
         snap = fresh.load()
-    assert snap.version == 0
-    assert_same_tensors(snap.tensors, states[0])
-    assert sum("chunk missing" in r.getMessage() for r in caplog.records) == 3
+    assert snap.version == 1
+    assert_same_tensors(snap.tensors, states[1])
+    assert sum("chunk missing" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_decoded_bytes_are_checked_against_raw_sha256(url: str) -> None:
     store, _ = _three_versions(url)
     fs, root = _fs_root(url)
     path = f"{root}/versions/00000002.json"
-    entry_sha = store.manifest(2)["tensors"]["b"]["raw_sha256"]
+    entry_sha = store.manifest(2)["tensors"]["b"]["chunks"][0]["raw_sha256"]
     fs.pipe_file(path, fs.cat_file(path).replace(entry_sha.encode(), b"0" * 64))
     with pytest.raises(ChunkCorruptError, match="raw_sha256") as info:
         CheckpointStore(url).load(2)
@@ -322,7 +349,7 @@ def test_a_fresh_store_on_an_unloadable_run_commits_a_full_snapshot(url: str, ca
         assert CheckpointStore(url).commit({"x": np.arange(10.0)}, {}) == 1
     assert "Committing a full snapshot" in caplog.text
     manifest = store.manifest(1)
-    assert manifest["parent"] is None and manifest["tensors"]["x"]["codec"] == "full"
+    assert manifest["parent"] is None and _codec(store, 1, "x") == "full"
     assert CheckpointStore(url).load().version == 1
 
 
@@ -365,9 +392,9 @@ def test_two_stores_racing_for_the_same_version_exactly_one_wins(url: str, monke
 
     real_publish = loser._publish
 
-    def publish_after_the_winner(manifest):  # the loser has picked version 1; the winner commits it first
+    def publish_after_the_winner(manifest, *args):  # the loser has picked version 1; the winner commits it first
         assert winner.commit(winner_state, {"who": "winner"}) == manifest.version == 1
-        return real_publish(manifest)
+        return real_publish(manifest, *args)
 
     monkeypatch.setattr(loser, "_publish", publish_after_the_winner)
     with pytest.raises(VersionConflictError, match="version 1 of checkpoint store") as info:
@@ -517,7 +544,7 @@ def test_s3_round_trip_against_a_real_endpoint(s3_endpoint: str) -> None:
         states.append(_step(states[-1], rng))
     for i, s in enumerate(states):
         assert store.commit(s, {"i": i}) == i
-    assert [store.manifest(v)["tensors"]["w"]["codec"] for v in range(3)] == ["full", "xor", "full"]
+    assert [_codec(store, v, "w") for v in range(3)] == ["full", "xor", "full"]
 
     fresh = CheckpointStore("s3://ckpt-bucket/run", storage_options=options)
     assert fresh.versions() == [0, 1, 2]

@@ -34,7 +34,7 @@ def test_killed_worker_is_replaced_and_restored(tmp_path) -> None:
 
     pool, _ = _iteration_zero(tmp_path, f"killed-{uuid.uuid4().hex[:6]}")
     ray.kill(pool._actor(1), no_restart=True)
-    with pytest.raises(EnvWorkerDied, match="env worker 1 .* died.*retry starts a replacement"):
+    with pytest.raises(EnvWorkerDied, match=r"(?s)env worker 1 .* died.*retry starts a replacement"):
         pool.simulate(1, 1)
     retried = [read_tensors(p["uri"])[0] for p in pool.simulate(1, 1)]
     pool.shutdown()
