@@ -73,11 +73,12 @@ class TrainerRank:
             return self._completed[2]
         self._sync(version)
         self.learner_version = None  # mid-update until it completes
-        history = self._restore_progress(iteration, version)
+        progress = CheckpointStore(self.layout.train_progress(iteration), full_every=self.cfg.full_every)
+        history = self._restore_progress(progress, iteration, version)
         resumed_epochs = len(history)
         arrays, _ = read_tensors(self.layout.scored(iteration))
         if not (history and history[-1]["early_stop"]) and len(history) < self.cfg.ppo.update_epochs:
-            history += self._update(iteration, version, arrays, start_epoch=len(history), done=history)
+            history += self._update(progress, iteration, version, arrays, done=history)
         self.learner.update_statistics(
             Moments(float(arrays["obs_moments.count"]), arrays["obs_moments.mean"], arrays["obs_moments.m2"]),
             Moments(float(arrays["ret_moments.count"]), arrays["ret_moments.mean"], arrays["ret_moments.m2"]),
@@ -91,14 +92,13 @@ class TrainerRank:
         self._completed = (iteration, version, metrics)
         return metrics
 
-    def _update(self, iteration: int, version: int, arrays: dict[str, np.ndarray], start_epoch: int,
+    def _update(self, progress: CheckpointStore, iteration: int, version: int, arrays: dict[str, np.ndarray],
                 done: list[dict[str, float]]) -> list[dict[str, float]]:
         batch = RolloutBatch(*(torch.from_numpy(arrays[k]) for k in
                                ("obs", "actions", "logprobs", "values", "advantages", "returns")))
         cfg = self.cfg.ppo
         frac = 1.0 - iteration / self.cfg.iterations if cfg.anneal_lr else 1.0
         history = list(done)
-        progress = CheckpointStore(self.layout.train_progress(iteration), full_every=self.cfg.full_every)
 
         def on_epoch_end(metrics: dict[str, float]) -> None:
             history.append(metrics)
@@ -113,12 +113,11 @@ class TrainerRank:
             generator_seed=derive_seed(self.cfg.seed, iteration, 7), learning_rate=cfg.learning_rate * max(frac, 0.0),
             rank=self.rank, world_size=self.world_size,
             all_reduce_mean=self._all_reduce_mean if self.world_size > 1 else lambda _: None,
-            start_epoch=start_epoch, on_epoch_end=on_epoch_end,
+            start_epoch=len(done), on_epoch_end=on_epoch_end,
         )
 
-    def _restore_progress(self, iteration: int, version: int) -> list[dict[str, Any]]:
+    def _restore_progress(self, progress: CheckpointStore, iteration: int, version: int) -> list[dict[str, Any]]:
         """Epoch history of a partly done update of (iteration, version), with the learner restored to it."""
-        progress = CheckpointStore(self.layout.train_progress(iteration), full_every=self.cfg.full_every)
         if progress.latest() is None:
             return []
         snapshot = progress.load()
