@@ -22,9 +22,9 @@ def observation(state: BatchState) -> np.ndarray:
     return np.concatenate([state.qpos[:, 1:], state.qvel], axis=1)
 
 
-def reward(state: BatchState, action: np.ndarray, qpos_before: np.ndarray, dt: float) -> np.ndarray:
+def reward(state: BatchState, action: np.ndarray, x_before: np.ndarray, dt: float) -> np.ndarray:
     """Forward velocity of the root (finite difference over one env step) minus the control cost."""
-    x_velocity = (state.qpos[:, 0] - qpos_before[:, 0]) / dt
+    x_velocity = (state.qpos[:, 0] - x_before) / dt
     ctrl_cost = CTRL_COST_WEIGHT * np.sum(np.square(action), axis=1)
     return FORWARD_REWARD_WEIGHT * x_velocity - ctrl_cost
 

@@ -6,25 +6,39 @@ All functions work on whole batches (leading axis = env) so no Python runs per e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Callable, Mapping, Optional, Protocol
 
 import mujoco
 import numpy as np
 
 
 class BatchState(Protocol):
-    """The views a task function reads: live (num_envs, ·) float64 arrays over the batch's MjData rows."""
+    """What a task function reads: live (num_envs, ·) float64 arrays over the batch's MjData rows.
+
+    `derived` holds the MjData fields named in `Task.derived_fields`, (num_envs, *MjData shape), with the values
+    gymnasium would read from its MjData at the same moment: after a step they describe the state before the last
+    substep (as after `mj_step`), and `cacc`/`cfrc_int`/`cfrc_ext` are those of `mj_rnePostConstraint` after the step.
+    """
 
     qpos: np.ndarray
     qvel: np.ndarray
+    derived: Mapping[str, np.ndarray]
+    model: mujoco.MjModel
 
 
 ObservationFn = Callable[[BatchState], np.ndarray]
-# reward(state, action, qpos_before, dt) -> (num_envs,) rewards
+# x_position(state) -> (num_envs,): the coordinate whose change over a step, / dt, is the forward velocity
+PositionFn = Callable[[BatchState], np.ndarray]
+# reward(state, action, x_before, dt) -> (num_envs,) rewards; x_before is x_position read before the step
 RewardFn = Callable[[BatchState, np.ndarray, np.ndarray, float], np.ndarray]
 TerminationFn = Callable[[BatchState], np.ndarray]
 # reset(init_qpos, init_qvel, rng) -> (qpos, qvel) for one env
 ResetFn = Callable[[np.ndarray, np.ndarray, np.random.Generator], tuple[np.ndarray, np.ndarray]]
+
+
+def root_x_position(state: BatchState) -> np.ndarray:
+    """qpos[:, 0]: the root's x slide joint (or free joint x) for planar and free-floating models."""
+    return state.qpos[:, 0]
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,8 @@ class Task:
     action_low: float = -1.0
     action_high: float = 1.0
     total_mass: Optional[float] = None  # rescale body masses to this sum after compiling (MJCF settotalmass)
+    x_position: PositionFn = root_x_position
+    derived_fields: tuple[str, ...] = ()  # MjData fields beyond qpos/qvel the functions read, via state.derived
 
 
 def load_model(task: Task) -> mujoco.MjModel:
