@@ -10,7 +10,7 @@ from rl_core.config import ConfigError, build_config
     ("overrides", "field", "allowed"),
     [
         ({"iterations": -3}, "iterations", "greater than or equal to 1"),
-        ({"env": "Nope-v0"}, "env", "allowed: HalfCheetah-v5"),
+        ({"env": "Nope-v0"}, "env", "allowed: Ant-v5, HalfCheetah-v5, Hopper-v5"),
         ({"num_ranks": 0}, "num_ranks", "greater than or equal to 1"),
         ({"store": "ftp://host/x"}, "store", "allowed: file, memory, s3"),
         ({"run_name": "a b/c"}, "run_name", "letters, digits"),
