@@ -1,17 +1,18 @@
 """Lossless delta checkpoints of named numpy arrays (or torch tensors) + JSON metadata on any fsspec URL.
 
 ``CheckpointStore(url).commit(tensors, meta)`` writes a version: a full base every ``full_every`` versions
-(or sooner when deltas grow), otherwise each chunk (8 MiB by default) of each tensor as "same", "xor", "rows"
-(sparse rows) or "full" against the base, in content-addressed objects plus one JSON manifest and a commit
+(or sooner when deltas grow), otherwise each chunk (8 MiB by default) of each tensor as "same", "diff", "xor",
+"rows" (sparse rows) or "full" against the base, in content-addressed objects plus one JSON manifest and a commit
 marker per version. ``load()`` restores the newest version that verifies (every object and every decoded chunk
 is hashed). ``gc()`` applies a retention policy; :class:`AsyncSaver` saves in the background; ``python -m
 rl_core.checkpoint`` is the command line (ls, show, verify, gc, export).
 No pickle anywhere: tensors are raw bytes, dtype/shape/metadata are JSON. See store.py for the layout and the
-commit protocol, manifest.py for the schema and codec.py for the byte codecs.
+commit protocol, manifest.py for the schema, chunks.py for how chunks are cut and encoded, codec.py for the
+byte codecs and errors.py for what can go wrong.
 """
 
 from .asyncsave import AsyncSaveError, AsyncSaver
-from .codec import decode_full, decode_rows, decode_xor, encode_full, encode_rows, encode_xor
+from .codec import decode_diff, decode_full, decode_rows, decode_xor, encode_diff, encode_full, encode_rows, encode_xor
 from .manifest import SCHEMA_VERSION, ChunkEntry, Manifest, TensorEntry
 from .store import (
     CheckpointError,
@@ -47,8 +48,10 @@ __all__ = [
     "TensorEntry",
     "VersionConflictError",
     "VersionNotFoundError",
+    "decode_diff",
     "decode_full",
     "decode_xor",
+    "encode_diff",
     "encode_full",
     "encode_xor",
 ]

@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from .store import CheckpointError, CheckpointStore, _normalize_meta
+from .chunks import normalize_meta
+from .errors import CheckpointError
+from .store import CheckpointStore
 
 __all__ = ["AsyncSaveError", "AsyncSaver"]
 
@@ -102,7 +104,7 @@ class AsyncSaver:
         if self._closed:
             raise CheckpointError(f"AsyncSaver for {self.store.url} is closed")
         self._raise_error()
-        meta_json = _normalize_meta(meta)
+        meta_json = normalize_meta(meta)
         if not isinstance(tensors, Mapping):
             raise TypeError(f"tensors must be a mapping of name -> array, got {type(tensors).__name__}")
         buffers = self._free.get()

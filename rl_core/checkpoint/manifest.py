@@ -1,4 +1,4 @@
-"""The JSON manifest of one checkpoint version (schema 2), and how it is (de)serialized.
+"""The JSON manifest of one checkpoint version (schema 3; schema 2 still reads), and how it is (de)serialized.
 
 A manifest is the whole description of a version: which tensors it holds, how each chunk of each tensor's
 bytes was encoded and which content-addressed object holds it, plus free-form JSON metadata. Tensor payloads
@@ -9,6 +9,8 @@ A tensor's raw bytes are cut into chunks of ``chunk_bytes`` (rounded to whole ro
 tensors, so sparse-row deltas see whole rows; small tensors are one chunk). Codecs per chunk:
 
 * ``"full"``: ``chunk`` holds the chunk's own bytes (byte planes + zstd-1); no reference.
+* ``"diff"``: ``chunk`` holds the wrap-around difference raw - reference raw per unsigned word (byte planes +
+  zstd-1; see codec.py).
 * ``"xor"``: ``chunk`` holds XOR(raw, reference raw) (byte planes + zstd-1).
 * ``"rows"``: ``chunk`` holds the indices and XOR'd bytes of the rows that differ from the reference.
 * ``"same"``: the raw bytes equal the reference's; ``chunk`` *is* the reference's object (a "full" object),
@@ -18,8 +20,10 @@ The reference of a chunk is the same chunk of the same tensor in the version's *
 a tensor that appeared after the base references the version where it was first stored in full). Deltas are
 never chained: ``ref_chunk`` names the reference's object, always a "full" one, so any version restores from
 at most two objects per chunk. ``ref_version`` says which version that object came from (kept for GC and
-messages). ``raw_sha256`` is the sha256 of the chunk's decoded bytes, checked on every restore; ``chunk`` is
-the sha256 of the stored object's bytes, checked on every read. ``uploaded`` says whether the commit that
+messages). ``raw_xxh3`` is the XXH3-128 of the chunk's decoded bytes, checked on every restore (schema 2
+wrote ``raw_sha256`` instead; both verify the decoder, not an adversary, and XXH3 runs ~10x faster than
+sha256, which matters because every byte of every version is hashed); ``chunk`` is the sha256 of the stored
+object's bytes, checked on every read (it names the object, so it must resist collisions). ``uploaded`` says whether the commit that
 wrote this manifest uploaded the object (False: an identical object was already referenced by a version the
 writer knew), which is what :meth:`Manifest.encoded_bytes` counts as "added by this version".
 """
@@ -36,12 +40,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 __all__ = ["SCHEMA_VERSION", "ChunkEntry", "Codec", "Manifest", "TensorEntry", "utc_now_iso"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
-Codec = Literal["full", "xor", "rows", "same"]
-CODECS: tuple[str, ...] = ("full", "xor", "rows", "same")
+Codec = Literal["full", "diff", "xor", "rows", "same"]
+CODECS: tuple[str, ...] = ("full", "diff", "xor", "rows", "same")
 
 _SHA256_HEX = r"^[0-9a-f]{64}$"
+_XXH3_128_HEX = r"^[0-9a-f]{32}$"
 
 
 def utc_now_iso() -> str:
@@ -58,7 +63,8 @@ class ChunkEntry(BaseModel):
     nbytes: int = Field(ge=1)
     codec: Codec
     chunk: str = Field(pattern=_SHA256_HEX, description="sha256 of the stored object's bytes")
-    raw_sha256: str = Field(pattern=_SHA256_HEX)
+    raw_xxh3: str | None = Field(default=None, pattern=_XXH3_128_HEX, description="XXH3-128 of the decoded bytes")
+    raw_sha256: str | None = Field(default=None, pattern=_SHA256_HEX, description="schema 2: sha256 of the same")
     encoded_bytes: int = Field(ge=0, description="size of the stored object")
     uploaded: bool = Field(description="whether this version's commit uploaded the object")
     ref_version: int | None = Field(default=None, ge=0)
@@ -67,9 +73,11 @@ class ChunkEntry(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ChunkEntry:
+        if (self.raw_xxh3 is None) == (self.raw_sha256 is None):
+            raise ValueError("a chunk records exactly one hash of its decoded bytes (raw_xxh3, or schema 2's raw_sha256)")
         if self.codec == "full" and (self.ref_version is not None or self.ref_chunk is not None):
             raise ValueError("codec 'full' has no reference")
-        if self.codec in ("xor", "rows") and (self.ref_version is None or self.ref_chunk is None):
+        if self.codec in ("diff", "xor", "rows") and (self.ref_version is None or self.ref_chunk is None):
             raise ValueError(f"codec {self.codec!r} needs ref_version and ref_chunk")
         if self.codec == "same" and (self.ref_version is None or self.ref_chunk is not None or self.uploaded):
             raise ValueError("codec 'same' needs a ref_version, no ref_chunk (chunk is the reference) and no upload")
@@ -138,7 +146,7 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[2, 3] = SCHEMA_VERSION
     version: int = Field(ge=0)
     parent: int | None = Field(default=None, ge=0)
     base: int | None = Field(default=None, ge=0)
@@ -173,7 +181,12 @@ class Manifest(BaseModel):
     def to_json_bytes(self) -> bytes:
         """Serialize with the stdlib json module so ``meta`` round-trips as Python wrote it (NaN included;
         pydantic's JSON mode would turn NaN into null)."""
-        return json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":")).encode()
+        data = self.model_dump()
+        for entry in data["tensors"].values():
+            for chunk in entry["chunks"]:
+                for unused in [k for k in ("raw_xxh3", "raw_sha256") if chunk[k] is None]:
+                    del chunk[unused]  # one hash per chunk, named by its algorithm
+        return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_json_bytes(cls, data: bytes) -> Manifest:
@@ -194,7 +207,7 @@ class Manifest(BaseModel):
 
     def stored_bytes(self) -> int:
         """Bytes of the objects this version's chunks name, each once ("same" chunks name base objects; the
-        ``ref_chunk`` objects of "xor"/"rows" chunks are not counted: their sizes live in the base's manifest)."""
+        ``ref_chunk`` objects of "diff"/"xor"/"rows" chunks are not counted: their sizes live in the base's manifest)."""
         sizes: dict[str, int] = {}
         for e in self.tensors.values():
             for c in e.chunks:

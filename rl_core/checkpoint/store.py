@@ -3,14 +3,14 @@
 Layout under the store URL::
 
     chunks/<aa>/<sha256>      one encoded chunk, named by the sha256 of its stored bytes (aa = first 2 hex digits)
-    versions/<%08d>.json      manifest of a version (schema 2, see manifest.py)
+    versions/<%08d>.json      manifest of a version (schema 3, see manifest.py)
     versions/<%08d>.commit    empty commit marker: the version exists if and only if this object exists
 
 Encoding. Each tensor's raw bytes are cut into chunks of ``chunk_bytes`` (default 8 MiB; rounded to whole rows
 for 2-D+ tensors; small tensors are one chunk). A *base* version stores every chunk "full" (byte planes +
 zstd-1). The next versions are deltas against that base, never chained: each chunk is the smallest of "same"
-(equal to the base's chunk: references the base's object, costs nothing), "xor" (XOR with the base's chunk,
-byte planes, zstd-1), "rows" (indices + XOR of the changed rows, for 2-D tensors where few rows change) and
+(equal to the base's chunk: references the base's object, costs nothing), "diff" (wrap-around difference
+of the bit patterns from the base's chunk, byte planes, zstd-1), "xor" (the same with XOR), "rows" (indices + XOR of the changed rows, for 2-D tensors where few rows change) and
 "full". A new base is written after ``full_every - 1`` deltas, or right after a delta whose new bytes exceeded
 ``rebase_ratio`` (0.7) times the base's stored size (the base has then aged so much that deltas cost nearly a
 full copy; a new base makes the next deltas small again). Any version restores from at most two objects per
@@ -55,10 +55,8 @@ exclusive for empty objects, so it is never used here.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -75,7 +73,29 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from .codec import changed_rows, decode_full, decode_rows, decode_xor, encode_planes, encode_rows, xor_bytes
+from .chunks import (
+    chunk_spans,
+    encode_chunk,
+    normalize_meta,
+    prepare_tensors,
+    raw_hash_matches,
+    raw_view,
+    sha256_hex,
+    tensor_row_bytes,
+    to_array,
+)
+from .codec import decode_diff, decode_full, decode_rows, decode_xor
+from .errors import (
+    CheckpointError,
+    ChunkCorruptError,
+    ChunkError,
+    ChunkMissingError,
+    ManifestCorruptError,
+    RestoreError,
+    StorageError,
+    VersionConflictError,
+    VersionNotFoundError,
+)
 from .manifest import ChunkEntry, Manifest, TensorEntry
 
 __all__ = [
@@ -98,124 +118,7 @@ logger = logging.getLogger("rl_core.checkpoint")
 # process-wide lock makes that pair atomic.
 _MEMORY_CREATE_LOCK = threading.Lock()
 
-_NOT_SEARCHED = object()
-
 DEFAULT_CHUNK_BYTES = 8 << 20
-#: a 2-D chunk whose changed rows are at most this fraction of its rows is also tried as "rows" ...
-_ROWS_TRY_FRACTION = 0.25
-#: ... and at most this fraction takes "rows" without trying "xor"/"full" at all.
-_ROWS_TAKE_FRACTION = 0.05
-#: chunks above this size choose between "xor" and "full" by compressing samples, then encode only the winner.
-_SAMPLE_ABOVE = 1 << 20
-_SAMPLE_SLICES, _SAMPLE_SLICE_BYTES = 8, 64 << 10
-
-
-# --------------------------------------------------------------------------------------------------- errors
-
-
-class CheckpointError(Exception):
-    """Base class of every failure the checkpoint store reports on purpose."""
-
-
-class VersionNotFoundError(CheckpointError, LookupError):
-    """The requested version has no commit marker."""
-
-    def __init__(self, url: str, version: int | None, available: list[int]) -> None:
-        self.url, self.version, self.available = url, version, list(available)
-        if not available:
-            asked = "" if version is None else f" (asked for version {version})"
-            msg = f"checkpoint store {url} has no committed versions{asked}; commit() first"
-        else:
-            msg = (
-                f"checkpoint store {url} has no version {version}; committed versions: {_fmt_versions(available)}. "
-                "Pass one of those to load(), or call load() for the newest valid one"
-            )
-        super().__init__(msg)
-
-
-class VersionConflictError(CheckpointError):
-    """Another writer claimed the version this store was about to commit."""
-
-    def __init__(self, url: str, version: int) -> None:
-        self.url, self.version = url, version
-        super().__init__(
-            f"version {version} of checkpoint store {url} was claimed by another writer while this store was "
-            "committing it; nothing of this commit is visible. Only one writer should append to a run: stop the "
-            "other writer, or load() the newest version and commit again"
-        )
-
-
-class RestoreError(CheckpointError):
-    """A committed version cannot be restored exactly. Says where, what, and which older version loads."""
-
-    kind = "cannot restore"
-
-    def __init__(
-        self,
-        *,
-        url: str,
-        version: int,
-        detail: str,
-        tensor: str | None = None,
-        chunk: str | None = None,
-        source_version: int | None = None,
-        loadable: Any = _NOT_SEARCHED,
-    ) -> None:
-        self.url, self.version, self.detail = url, version, detail
-        self.tensor, self.chunk, self.source_version = tensor, chunk, source_version
-        self.loadable_version: int | None = None if loadable is _NOT_SEARCHED else loadable
-        self._searched = loadable is not _NOT_SEARCHED
-        super().__init__(self._message())
-
-    def _message(self) -> str:
-        where = f"checkpoint store {self.url}, version {self.version}"
-        if self.tensor is not None:
-            where += f", tensor {self.tensor!r}"
-        if self.chunk is not None:
-            where += f", chunk {self.chunk}"
-        if self.source_version is not None and self.source_version != self.version:
-            where += f" (stored with version {self.source_version})"
-        msg = f"{self.kind} in {where}: {self.detail}."
-        if self._searched and self.loadable_version is None:
-            msg += " No older version is loadable either."
-        elif self._searched:
-            v = self.loadable_version
-            msg += f" Version {v} is the newest older version that loads: load({v})."
-        return msg
-
-    def with_fallback(self, loadable: int | None) -> RestoreError:
-        """The same error, now saying which older version loads (None: none does)."""
-        return type(self)(
-            url=self.url,
-            version=self.version,
-            detail=self.detail,
-            tensor=self.tensor,
-            chunk=self.chunk,
-            source_version=self.source_version,
-            loadable=loadable,
-        )
-
-
-class ManifestCorruptError(RestoreError):
-    """A committed version's manifest (or one it references) is missing or malformed."""
-
-    kind = "manifest missing or corrupt"
-
-
-class ChunkError(RestoreError):
-    """A chunk a version needs is unusable."""
-
-
-class ChunkMissingError(ChunkError):
-    kind = "chunk missing"
-
-
-class ChunkCorruptError(ChunkError):
-    kind = "chunk corrupt"
-
-
-class StorageError(CheckpointError, OSError):
-    """Storage failed (unreachable endpoint, permissions, ...) while committing; nothing of the commit is visible."""
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -256,12 +159,6 @@ class _Ref:
     raw: np.ndarray
 
 
-def _fmt_versions(versions: list[int]) -> str:
-    if len(versions) <= 20:
-        return ", ".join(map(str, versions))
-    return f"{versions[0]}..{versions[-1]} ({len(versions)} versions)"
-
-
 def _redact(url: str) -> str:
     """The URL without user info or query string, which is where credentials hide; safe to log."""
     parts = urlsplit(url)
@@ -269,147 +166,9 @@ def _redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-def _sha256(data: Any) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _raw_view(arr: np.ndarray) -> np.ndarray:
-    """Flat uint8 view of a C-contiguous array's bytes (works for 0-d and empty arrays)."""
-    return arr.reshape(-1).view(np.uint8)
-
-
-def _torch_to_numpy(name: str, value: Any) -> tuple[np.ndarray, str | None]:
-    """A CPU numpy view/copy of a torch tensor; bfloat16 (no numpy dtype) as its uint16 bit patterns."""
-    import torch
-
-    t = value.detach()
-    if t.dtype == torch.bfloat16:
-        return t.cpu().contiguous().view(torch.int16).numpy().view(np.uint16), "bfloat16"
-    try:
-        return t.cpu().contiguous().numpy(), None
-    except TypeError as exc:
-        raise TypeError(f"tensor {name!r}: torch dtype {t.dtype} has no numpy equivalent ({exc})") from None
-
-
-def _prepare_tensors(
-    tensors: Mapping[str, Any], logical_dtypes: Mapping[str, str] | None = None
-) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Validate the caller's arrays and make them C-contiguous (no copy when they already are). Commit reads
-    them synchronously and copies what it keeps, so the caller may change them once commit() returns.
-    torch tensors are accepted (bfloat16 is stored as its uint16 bit patterns with logical dtype "bfloat16")."""
-    if not isinstance(tensors, Mapping):
-        raise TypeError(f"tensors must be a mapping of name -> numpy array, got {type(tensors).__name__}")
-    logical = dict(logical_dtypes or {})
-    out: dict[str, np.ndarray] = {}
-    for name, value in tensors.items():
-        if not isinstance(name, str):
-            raise TypeError(f"tensor names must be str, got {name!r} ({type(name).__name__})")
-        if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
-            value, log = _torch_to_numpy(name, value)
-            if log:
-                logical[name] = log
-        if not isinstance(value, np.ndarray):
-            raise TypeError(
-                f"tensor {name!r}: expected a numpy.ndarray or torch.Tensor, got {type(value).__name__}; convert "
-                "with t.detach().cpu().numpy() (bfloat16: pass the torch tensor, or t.view(torch.int16))"
-            )
-        dt = value.dtype
-        if dt.hasobject or dt.fields is not None or dt.itemsize == 0 or np.dtype(dt.str) != dt:
-            raise TypeError(
-                f"tensor {name!r}: dtype {dt} is not a fixed-size plain numpy dtype; store structured arrays "
-                "field by field and object arrays not at all"
-            )
-        out[name] = value if value.flags.c_contiguous else np.array(value, order="C")  # (0-d stays 0-d)
-    unknown = set(logical) - set(out)
-    if unknown:
-        raise ValueError(f"logical_dtypes names tensors that are not given: {sorted(unknown)}")
-    return out, logical
-
-
-def _normalize_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """Return meta exactly as load() will hand it back (JSON round trip: tuples become lists, ...), failing
-    now rather than after chunks were written."""
-    if not isinstance(meta, Mapping):
-        raise TypeError(f"meta must be a dict, got {type(meta).__name__}")
-    try:
-        return json.loads(json.dumps(dict(meta)))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"meta must be JSON-serializable ({exc}); convert numpy scalars with .item() and arrays to tensors"
-        ) from exc
-
-
-def _to_array(entry: TensorEntry, raw: np.ndarray) -> np.ndarray:
-    """A fresh array that owns its memory, holding ``raw`` with the entry's dtype and shape."""
-    arr = np.empty(entry.shape, dtype=np.dtype(entry.dtype))
-    _raw_view(arr)[...] = raw
-    return arr
-
-
-def _row_bytes(dtype: np.dtype, shape: list[int] | tuple[int, ...]) -> int | None:
-    """Bytes of one row of a 2-D+ tensor (None for 0-d and 1-D tensors)."""
-    if len(shape) < 2:
-        return None
-    return math.prod(shape[1:]) * dtype.itemsize or None
-
-
-def _spans(nbytes: int, itemsize: int, row: int | None, chunk_bytes: int) -> list[tuple[int, int]]:
-    """(offset, size) of each chunk: ``chunk_bytes`` rounded down to whole rows (whole elements for 1-D, or
-    when one row is larger than a chunk), at least one row/element."""
-    if nbytes == 0:
-        return []
-    unit = row if row is not None and row <= chunk_bytes else itemsize
-    step = max(unit, chunk_bytes // unit * unit)
-    return [(o, min(step, nbytes - o)) for o in range(0, nbytes, step)]
-
-
-def _sample(u8: np.ndarray, itemsize: int) -> np.ndarray:
-    """A few evenly spaced, element-aligned slices of a big buffer, concatenated."""
-    width = max(itemsize, _SAMPLE_SLICE_BYTES // itemsize * itemsize)
-    n = u8.size // itemsize
-    starts = np.linspace(0, n - width // itemsize, _SAMPLE_SLICES).astype(np.int64) * itemsize
-    return np.concatenate([u8[s : s + width] for s in starts])
-
-
-def _encode_chunk(
-    raw: np.ndarray, itemsize: int, row: int | None, ref: ChunkEntry | None, ref_raw: np.ndarray | None,
-    ref_version: int | None,
-) -> tuple[dict[str, Any], bytes | None]:
-    """Smallest lossless encoding of one chunk. Returns (ChunkEntry fields minus offset/uploaded, payload or
-    None for "same")."""
-    if ref is None or ref_raw is None:
-        payload = encode_planes(raw, itemsize)
-        return dict(codec="full", raw_sha256=_sha256(raw), chunk=_sha256(payload), encoded_bytes=len(payload)), payload
-    if np.array_equal(raw, ref_raw):
-        return dict(
-            codec="same", raw_sha256=ref.raw_sha256, chunk=ref.chunk, encoded_bytes=ref.encoded_bytes,
-            ref_version=ref_version,
-        ), None
-    x = xor_bytes(raw, ref_raw, itemsize)
-    candidates: list[tuple[str, bytes]] = []
-    if row is not None and raw.size % row == 0:
-        rows = changed_rows(x, row)
-        n_rows = raw.size // row
-        if rows.size <= _ROWS_TRY_FRACTION * n_rows:
-            candidates.append(("rows", encode_rows(x, itemsize, row, rows)))
-            if rows.size > _ROWS_TAKE_FRACTION * n_rows:
-                candidates.insert(0, ("xor", encode_planes(x, itemsize)))
-    if not candidates:
-        if raw.size > _SAMPLE_ABOVE:
-            xs, fs = _sample(x, itemsize), _sample(raw, itemsize)
-            xor_wins = len(encode_planes(xs, itemsize)) <= len(encode_planes(fs, itemsize))
-            candidates.append(("xor", encode_planes(x, itemsize)) if xor_wins else ("full", encode_planes(raw, itemsize)))
-        else:
-            candidates += [("full", encode_planes(raw, itemsize)), ("xor", encode_planes(x, itemsize))]
-    codec, payload = min(candidates, key=lambda c: len(c[1]))
-    fields: dict[str, Any] = dict(
-        codec=codec, raw_sha256=_sha256(raw), chunk=_sha256(payload), encoded_bytes=len(payload)
-    )
-    if codec != "full":
-        fields.update(ref_version=ref_version, ref_chunk=ref.chunk)
-    if codec == "rows":
-        fields["row_bytes"] = row
-    return fields, payload
+def _delta_bytes(manifest: Manifest) -> int:
+    """Bytes of the objects a delta version stores itself (its non-"same" chunks, each object once)."""
+    return sum({c.chunk: c.encoded_bytes for e in manifest.tensors.values() for c in e.chunks if c.codec != "same"}.values())
 
 
 def _mtime(info: Mapping[str, Any]) -> float | None:
@@ -514,8 +273,8 @@ class CheckpointStore:
         Raises VersionConflictError if another writer claims the same version number first, StorageError
         (naming the store URL) if storage fails; in both cases nothing of the commit is visible.
         """
-        arrays, logical = _prepare_tensors(tensors, logical_dtypes)
-        meta_json = _normalize_meta(meta)
+        arrays, logical = prepare_tensors(tensors, logical_dtypes)
+        meta_json = normalize_meta(meta)
         with self._lock:
             self._prepare_reference()
             head, refs = self._head, self._refs
@@ -571,7 +330,7 @@ class CheckpointStore:
                 self._refs, self._base, self._pending_base = None, None, manifest.base
             for sha in manifest.objects():
                 self._known.setdefault(sha, manifest.version)
-        tensors = {name: _to_array(entry, raws[name]) for name, entry in manifest.tensors.items()}
+        tensors = {name: to_array(entry, raws[name]) for name, entry in manifest.tensors.items()}
         logical = {n: e.logical_dtype for n, e in manifest.tensors.items() if e.logical_dtype}
         return Snapshot(version=manifest.version, tensors=tensors, meta=copy.deepcopy(manifest.meta), logical_dtypes=logical)
 
@@ -582,7 +341,7 @@ class CheckpointStore:
     def size_report(self, version: int) -> dict[str, Any]:
         """``encoded_bytes``: bytes this version's commit added to storage ("same" chunks and objects already
         referenced add none); ``stored_bytes``: bytes of the objects its chunks name (a "same" chunk names the
-        base's object; the base objects that "xor"/"rows" chunks decode against are not counted);
+        base's object; the base objects that "diff"/"xor"/"rows" chunks decode against are not counted);
         ``raw_bytes``; ``codec_counts`` per chunk; ``base`` (None: a full base) and ``depth``."""
         m = self._committed_manifest(version)
         return {
@@ -596,7 +355,7 @@ class CheckpointStore:
         }
 
     def verify(self, version: int | None = None) -> dict[str, Any]:
-        """Read and check every object (sha256 of stored bytes) and every decoded chunk (raw_sha256) of
+        """Read and check every object (sha256 of stored bytes) and every decoded chunk (raw_xxh3) of
         ``version``, or of every committed version when None. Returns ``{"checked": [...], "errors": {v: msg}}``
         and never raises for corruption (VersionNotFoundError for an unknown version)."""
         with self._lock:
@@ -737,19 +496,22 @@ class CheckpointStore:
 
     @staticmethod
     def _private_copy(arr: np.ndarray) -> np.ndarray:
-        raw = _raw_view(arr).copy()
+        raw = raw_view(arr).copy()
         raw.flags.writeable = False
         return raw
 
     def _rebase_due(self, head: Manifest) -> bool:
-        """A new base after ``full_every - 1`` deltas, or after a delta that cost > rebase_ratio x its base."""
+        """A new base after ``full_every - 1`` deltas, or after a delta that cost > rebase_ratio x its base.
+
+        Measured on Adam state (bench/checkpoint.py): rebasing at 0.7 even when a fresh delta already costs
+        ~0.7-0.85x a full copy paid, because training slows down and a delta against a recent base shrinks
+        (0.57-0.66x) while one against an aging base grows (0.72 -> 0.76x)."""
         if head.depth + 1 >= self._full_every:
             return True
         if head.base is None or self._base is None:
             return False
-        new = {c.chunk: c.encoded_bytes for e in head.tensors.values() for c in e.chunks if c.codec != "same"}
         base_size = self._base.stored_bytes()
-        return base_size > 0 and sum(new.values()) > self._rebase_ratio * base_size
+        return base_size > 0 and _delta_bytes(head) > self._rebase_ratio * base_size
 
     def _prepare_reference(self) -> None:
         """Make sure the writer knows what to encode against: nothing in memory (fresh store, or a loaded delta
@@ -789,15 +551,15 @@ class CheckpointStore:
         jobs: list[tuple[Any, ...]] = []
         layout: dict[str, list[int]] = {}
         for name, arr in arrays.items():
-            raw = _raw_view(arr)
-            row = _row_bytes(arr.dtype, arr.shape)
+            raw = raw_view(arr)
+            row = tensor_row_bytes(arr.dtype, arr.shape)
             ref = refs.get(name)
             if ref is not None and (ref.entry.dtype, ref.entry.shape) != (arr.dtype.str, list(arr.shape)):
                 ref = None
             if ref is not None:
                 spans = [(c.offset, c.nbytes) for c in ref.entry.chunks]
             else:
-                spans = _spans(arr.nbytes, arr.itemsize, row, self._chunk_bytes)
+                spans = chunk_spans(arr.nbytes, arr.itemsize, row, self._chunk_bytes)
             layout[name] = []
             for i, (off, n) in enumerate(spans):
                 r = None if ref is None else ref.entry.chunks[i]
@@ -807,7 +569,7 @@ class CheckpointStore:
                 jobs.append((raw[off : off + n], arr.itemsize, row_ok, r, rr, None if ref is None else ref.version, off))
 
         def run(raw, itemsize, row, r, rr, ref_version, off):
-            fields, payload = _encode_chunk(raw, itemsize, row, r, rr, ref_version)
+            fields, payload = encode_chunk(raw, itemsize, row, r, rr, ref_version)
             return off, int(raw.size), fields, payload
 
         results = self._map(run, jobs)
@@ -1084,7 +846,7 @@ class CheckpointStore:
         return manifest, raws
 
     def _restore_chunk(self, requested: int, name: str, entry: TensorEntry, c: ChunkEntry, out: np.ndarray) -> None:
-        """Decode one chunk into ``out``: object hash(es) checked on read, decoded bytes against raw_sha256."""
+        """Decode one chunk into ``out``: object hash(es) checked on read, decoded bytes against raw_xxh3."""
         own_version = c.ref_version if c.codec == "same" else requested
         payload = self._read_chunk(requested, name, own_version, c.chunk)
 
@@ -1099,14 +861,16 @@ class CheckpointStore:
                 decode_full(payload, itemsize, out=out)
             else:
                 ref = decode_full(self._read_chunk(requested, name, c.ref_version, c.ref_chunk), itemsize)
-                if c.codec == "xor":
+                if c.codec == "diff":
+                    decode_diff(payload, ref, itemsize, out=out)
+                elif c.codec == "xor":
                     decode_xor(payload, ref, itemsize, out=out)
                 else:
                     decode_rows(payload, ref, itemsize, c.row_bytes, out=out)
         except ValueError as exc:
             raise corrupt(f"payload does not decode ({exc})") from None
-        if _sha256(out) != c.raw_sha256:
-            raise corrupt(f"decoded bytes at offset {c.offset} do not match the manifest's raw_sha256")
+        if not raw_hash_matches(c, out):
+            raise corrupt(f"decoded bytes at offset {c.offset} do not match the manifest's hash of them")
 
     def _read_chunk(self, requested: int, name: str, version: int | None, chunk: str) -> bytes:
         path = self._chunk_path(chunk)
@@ -1117,7 +881,7 @@ class CheckpointStore:
             data = self._fs.cat_file(path)
         except FileNotFoundError:
             raise ChunkMissingError(detail=f"object {path} does not exist", **fields) from None
-        actual = _sha256(data)
+        actual = sha256_hex(data)
         if actual != chunk:
             raise ChunkCorruptError(detail=f"object {path} hashes to {actual}", **fields)
         return data

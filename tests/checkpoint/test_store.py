@@ -3,6 +3,8 @@ under races and failures, and the memory://, file:// and s3:// backends."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 from datetime import datetime
@@ -66,6 +68,9 @@ def _policy_state(seed: int, n: int = 4096) -> dict[str, np.ndarray]:
         "steps": np.array(0, dtype=np.int64),
         "frozen": rng.integers(0, 255, 256, dtype=np.uint8),
     }
+
+
+DELTA_CODECS = ("diff", "xor")  # which of the two is smaller for a chunk is the encoder's call
 
 
 def _step(state: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -137,7 +142,7 @@ def test_delta_chain_over_several_full_snapshots_restores_every_version(url: str
     for v in (0, 3, 6, 9):
         assert store.size_report(v)["codec_counts"]["full"] == len(store.manifest(v)["tensors"])
         assert store.manifest(v)["depth"] == 0 and store.manifest(v)["base"] is None
-    assert _codec(store, 1, "w") == "xor" and _codec(store, 1, "frozen") == "same"
+    assert _codec(store, 1, "w") in DELTA_CODECS and _codec(store, 1, "frozen") == "same"
     assert _codec(store, 4, "new") == "full"
     assert _codec(store, 5, "b") == "full" and _codec(store, 7, "new") == "full"
     assert _codec(store, 5, "new") == "same"  # a tensor new since the base is the reference of later deltas
@@ -160,21 +165,41 @@ def test_unchanged_tensors_cost_no_new_chunk(url: str) -> None:
     store.commit(state, {"again": True})
     assert _chunk_files(url) == before
     report = store.size_report(1)
-    assert report["encoded_bytes"] == 0 and report["codec_counts"] == {"full": 0, "xor": 0, "rows": 0, "same": 4}
+    assert report["encoded_bytes"] == 0 and report["codec_counts"] == {"full": 0, "diff": 0, "xor": 0, "rows": 0, "same": 4}
     chunk = store.manifest(1)["tensors"]["w"]["chunks"][0]
     assert chunk["chunk"] == store.manifest(0)["tensors"]["w"]["chunks"][0]["chunk"]  # the base's object
     assert chunk["ref_version"] == 0 and chunk["uploaded"] is False
 
 
-def test_xor_delta_is_much_smaller_than_full_for_a_small_update(url: str) -> None:
+def test_delta_is_much_smaller_than_full_for_a_small_update(url: str) -> None:
     store = CheckpointStore(url)
     state = _policy_state(4, n=100_000)
     store.commit(state, {})
     state["w"][::1000] += 1e-4
     store.commit(state, {})
-    full_entry, xor_entry = (store.manifest(v)["tensors"]["w"]["chunks"][0] for v in (0, 1))
-    assert xor_entry["codec"] == "xor" and xor_entry["ref_version"] == 0
-    assert xor_entry["encoded_bytes"] * 20 < full_entry["encoded_bytes"]
+    full_entry, delta_entry = (store.manifest(v)["tensors"]["w"]["chunks"][0] for v in (0, 1))
+    assert delta_entry["codec"] in DELTA_CODECS and delta_entry["ref_version"] == 0
+    assert delta_entry["encoded_bytes"] * 20 < full_entry["encoded_bytes"]
+
+
+@pytest.mark.parametrize("n", [20_000, 400_000])  # decided on the whole chunk / on samples of it
+def test_each_changed_chunk_takes_the_smallest_dense_codec(url: str, n: int) -> None:
+    """Additive steps that carry across bits favour the difference; one flipped low bit per element favours XOR (which bit) over the
+    difference (which bit and which way); fresh random values favour a full copy. Every choice restores exactly."""
+    rng = np.random.default_rng(9)
+    state = {name: rng.standard_normal(n).astype(np.float32) for name in ("step", "flip", "fresh")}
+    store = CheckpointStore(url)
+    store.commit(state, {})
+    new = {
+        "step": state["step"] - np.float32(0.02) * np.sign(rng.standard_normal(n)).astype(np.float32),  # Adam-like
+        "flip": (state["flip"].view(np.uint32) ^ (np.uint32(1) << rng.integers(0, 8, n).astype(np.uint32))).view(
+            np.float32
+        ),
+        "fresh": rng.standard_normal(n).astype(np.float32),
+    }
+    store.commit(new, {})
+    assert {name: _codec(store, 1, name) for name in new} == {"step": "diff", "flip": "xor", "fresh": "full"}
+    assert_same_tensors(CheckpointStore(url).load(1).tensors, new)
 
 
 def test_commit_never_rereads_the_parent_and_a_fresh_store_loads_it_once(url: str, monkeypatch) -> None:
@@ -199,7 +224,7 @@ def test_commit_never_rereads_the_parent_and_a_fresh_store_loads_it_once(url: st
     state = _step(state, rng)
     fresh.commit(state, {})
     assert reads == first  # ... and never again
-    assert _codec(fresh, 2, "w") == "xor" and fresh.manifest(2)["parent"] == 1
+    assert _codec(fresh, 2, "w") in DELTA_CODECS and fresh.manifest(2)["parent"] == 1
 
 
 def test_commit_after_loading_an_older_version_builds_on_it(url: str) -> None:
@@ -228,17 +253,17 @@ def test_manifest_schema_and_size_report(url: str) -> None:
     store = CheckpointStore(url)
     store.commit({"x": np.ones((2, 3), np.float32)}, {"note": "hi"})
     m = store.manifest(0)
-    assert m["schema_version"] == 2 and m["version"] == 0 and m["parent"] is None and m["meta"] == {"note": "hi"}
+    assert m["schema_version"] == 3 and m["version"] == 0 and m["parent"] is None and m["meta"] == {"note": "hi"}
     assert m["base"] is None and m["depth"] == 0 and m["chunk_bytes"] == store.chunk_bytes == 8 << 20
     datetime.fromisoformat(m["created"])
     entry = m["tensors"]["x"]
     assert entry["dtype"] == "<f4" and entry["shape"] == [2, 3] and entry["nbytes"] == 24
     (chunk,) = entry["chunks"]
     assert chunk["codec"] == "full" and chunk["offset"] == 0 and chunk["nbytes"] == 24 and chunk["uploaded"]
-    assert len(chunk["chunk"]) == 64 and len(chunk["raw_sha256"]) == 64 and chunk["ref_version"] is None
+    assert len(chunk["chunk"]) == 64 and len(chunk["raw_xxh3"]) == 32 and "raw_sha256" not in chunk and chunk["ref_version"] is None
     report = store.size_report(0)
     assert report["raw_bytes"] == 24 and report["encoded_bytes"] == chunk["encoded_bytes"]
-    assert report["codec_counts"] == {"full": 1, "xor": 0, "rows": 0, "same": 0}
+    assert report["codec_counts"] == {"full": 1, "diff": 0, "xor": 0, "rows": 0, "same": 0}
     files = _all_files(url)
     root = _fs_root(url)[1]
     assert f"{root}/versions/00000000.json" in files and f"{root}/versions/00000000.commit" in files
@@ -304,7 +329,7 @@ def test_missing_chunk_of_a_base_fails_every_version_built_on_it(url: str, caplo
         states.append(_step(states[-1], rng))
     for s in states:
         store.commit(s, {})
-    assert store.manifest(3)["base"] == 2 and _codec(store, 3, "w") == "xor"
+    assert store.manifest(3)["base"] == 2 and _codec(store, 3, "w") in DELTA_CODECS
     sha = store.manifest(2)["tensors"]["w"]["chunks"][0]["chunk"]
     assert store.manifest(3)["tensors"]["w"]["chunks"][0]["ref_chunk"] == sha
     _fs_root(url)[0].rm_file(_chunk_path(store, url, 2, "w"))
@@ -322,15 +347,36 @@ def test_missing_chunk_of_a_base_fails_every_version_built_on_it(url: str, caplo
     assert sum("chunk missing" in r.getMessage() for r in caplog.records) == 2
 
 
-def test_decoded_bytes_are_checked_against_raw_sha256(url: str) -> None:
+def test_decoded_bytes_are_checked_against_the_manifests_hash(url: str) -> None:
     store, _ = _three_versions(url)
     fs, root = _fs_root(url)
     path = f"{root}/versions/00000002.json"
-    entry_sha = store.manifest(2)["tensors"]["b"]["chunks"][0]["raw_sha256"]
-    fs.pipe_file(path, fs.cat_file(path).replace(entry_sha.encode(), b"0" * 64))
-    with pytest.raises(ChunkCorruptError, match="raw_sha256") as info:
+    entry_hash = store.manifest(2)["tensors"]["b"]["chunks"][0]["raw_xxh3"]
+    fs.pipe_file(path, fs.cat_file(path).replace(entry_hash.encode(), b"0" * 32))
+    with pytest.raises(ChunkCorruptError, match="hash of them") as info:
         CheckpointStore(url).load(2)
     assert "'b'" in str(info.value) and "load(1)" in str(info.value)
+
+
+def test_schema_2_manifests_with_sha256_of_the_decoded_bytes_still_load(url: str) -> None:
+    """Versions written before XXH3 (schema 2, raw_sha256) stay loadable and are still checked."""
+    store, states = _three_versions(url)
+    fs, root = _fs_root(url)
+    path = f"{root}/versions/00000002.json"
+    manifest = json.loads(fs.cat_file(path))
+    manifest["schema_version"] = 2
+    snap = CheckpointStore(url).load(2)
+    for name, entry in manifest["tensors"].items():
+        raw = snap.tensors[name].reshape(-1).view(np.uint8)
+        for chunk in entry["chunks"]:
+            del chunk["raw_xxh3"]
+            chunk["raw_sha256"] = hashlib.sha256(raw[chunk["offset"] : chunk["offset"] + chunk["nbytes"]]).hexdigest()
+    fs.pipe_file(path, json.dumps(manifest).encode())
+    assert_same_tensors(CheckpointStore(url).load(2).tensors, states[2])
+    good = manifest["tensors"]["b"]["chunks"][0]["raw_sha256"]
+    fs.pipe_file(path, json.dumps(manifest).replace(good, "0" * 64).encode())
+    with pytest.raises(ChunkCorruptError, match="hash of them"):
+        CheckpointStore(url).load(2)
 
 
 def test_load_raises_when_no_version_is_loadable(url: str) -> None:
@@ -544,7 +590,8 @@ def test_s3_round_trip_against_a_real_endpoint(s3_endpoint: str) -> None:
         states.append(_step(states[-1], rng))
     for i, s in enumerate(states):
         assert store.commit(s, {"i": i}) == i
-    assert [_codec(store, v, "w") for v in range(3)] == ["full", "xor", "full"]
+    codecs = [_codec(store, v, "w") for v in range(3)]
+    assert codecs[0] == codecs[2] == "full" and codecs[1] in DELTA_CODECS
 
     fresh = CheckpointStore("s3://ckpt-bucket/run", storage_options=options)
     assert fresh.versions() == [0, 1, 2]

@@ -1,0 +1,218 @@
+"""How a version's tensors become chunks, and how one chunk is encoded (see store.py for the layout).
+
+A tensor's raw bytes are cut into spans of whole rows (or elements); each span is encoded on its own as the
+smallest lossless codec against the same span of the base version ("same", "rows", "full", "xor", "diff";
+manifest.py says what each stores). Choosing costs little: big chunks compress samples of each candidate
+and encode only the winner, and the sparse-row codec is only tried when a sample of rows says few changed.
+Pure functions of numpy arrays: no storage, no threads (the store runs them on its worker threads).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from .codec import changed_rows, diff_bytes, encode_planes, encode_rows, xor_bytes
+from .manifest import ChunkEntry, TensorEntry
+
+#: a 2-D chunk whose changed rows are at most this fraction of its rows is also tried as "rows" ...
+_ROWS_TRY_FRACTION = 0.25
+#: ... and at most this fraction takes "rows" without trying the dense codecs at all.
+_ROWS_TAKE_FRACTION = 0.05
+#: whether to look for changed rows at all is decided on this many evenly spaced rows.
+_SAMPLE_ROWS = 64
+#: chunks of at least this size choose between "diff", "xor" and "full" by compressing samples (slices of
+#: ``_SAMPLE_SLICE_BYTES``), then encode only the winner; smaller chunks encode all three and keep the smallest.
+_SAMPLE_ABOVE = 128 << 10
+_SAMPLE_SLICES, _SAMPLE_SLICE_BYTES = 8, 4 << 10
+
+
+def sha256_hex(data: Any) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def raw_hash_fields(raw: np.ndarray) -> dict[str, str]:
+    """The manifest field that lets a restore check its decoded bytes (see manifest.py for why XXH3)."""
+    return {"raw_xxh3": xxhash.xxh3_128_hexdigest(raw)}
+
+
+def raw_hash_matches(chunk: ChunkEntry, raw: np.ndarray) -> bool:
+    if chunk.raw_xxh3 is not None:
+        return xxhash.xxh3_128_hexdigest(raw) == chunk.raw_xxh3
+    return sha256_hex(raw) == chunk.raw_sha256  # schema 2
+
+
+def raw_view(arr: np.ndarray) -> np.ndarray:
+    """Flat uint8 view of a C-contiguous array's bytes (works for 0-d and empty arrays)."""
+    return arr.reshape(-1).view(np.uint8)
+
+
+def _torch_to_numpy(name: str, value: Any) -> tuple[np.ndarray, str | None]:
+    """A CPU numpy view/copy of a torch tensor; bfloat16 (no numpy dtype) as its uint16 bit patterns."""
+    import torch
+
+    t = value.detach()
+    if t.dtype == torch.bfloat16:
+        return t.cpu().contiguous().view(torch.int16).numpy().view(np.uint16), "bfloat16"
+    try:
+        return t.cpu().contiguous().numpy(), None
+    except TypeError as exc:
+        raise TypeError(f"tensor {name!r}: torch dtype {t.dtype} has no numpy equivalent ({exc})") from None
+
+
+def prepare_tensors(
+    tensors: Mapping[str, Any], logical_dtypes: Mapping[str, str] | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Validate the caller's arrays and make them C-contiguous (no copy when they already are). Commit reads
+    them synchronously and copies what it keeps, so the caller may change them once commit() returns.
+    torch tensors are accepted (bfloat16 is stored as its uint16 bit patterns with logical dtype "bfloat16")."""
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"tensors must be a mapping of name -> numpy array, got {type(tensors).__name__}")
+    logical = dict(logical_dtypes or {})
+    out: dict[str, np.ndarray] = {}
+    for name, value in tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, got {name!r} ({type(name).__name__})")
+        if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
+            value, log = _torch_to_numpy(name, value)
+            if log:
+                logical[name] = log
+        if not isinstance(value, np.ndarray):
+            raise TypeError(
+                f"tensor {name!r}: expected a numpy.ndarray or torch.Tensor, got {type(value).__name__}; convert "
+                "with t.detach().cpu().numpy() (bfloat16: pass the torch tensor, or t.view(torch.int16))"
+            )
+        dt = value.dtype
+        if dt.hasobject or dt.fields is not None or dt.itemsize == 0 or np.dtype(dt.str) != dt:
+            raise TypeError(
+                f"tensor {name!r}: dtype {dt} is not a fixed-size plain numpy dtype; store structured arrays "
+                "field by field and object arrays not at all"
+            )
+        out[name] = value if value.flags.c_contiguous else np.array(value, order="C")  # (0-d stays 0-d)
+    unknown = set(logical) - set(out)
+    if unknown:
+        raise ValueError(f"logical_dtypes names tensors that are not given: {sorted(unknown)}")
+    return out, logical
+
+
+def normalize_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Return meta exactly as load() will hand it back (JSON round trip: tuples become lists, ...), failing
+    now rather than after chunks were written."""
+    if not isinstance(meta, Mapping):
+        raise TypeError(f"meta must be a dict, got {type(meta).__name__}")
+    try:
+        return json.loads(json.dumps(dict(meta)))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"meta must be JSON-serializable ({exc}); convert numpy scalars with .item() and arrays to tensors"
+        ) from exc
+
+
+def to_array(entry: TensorEntry, raw: np.ndarray) -> np.ndarray:
+    """A fresh array that owns its memory, holding ``raw`` with the entry's dtype and shape."""
+    arr = np.empty(entry.shape, dtype=np.dtype(entry.dtype))
+    raw_view(arr)[...] = raw
+    return arr
+
+
+def tensor_row_bytes(dtype: np.dtype, shape: list[int] | tuple[int, ...]) -> int | None:
+    """Bytes of one row of a 2-D+ tensor (None for 0-d and 1-D tensors)."""
+    if len(shape) < 2:
+        return None
+    return math.prod(shape[1:]) * dtype.itemsize or None
+
+
+def chunk_spans(nbytes: int, itemsize: int, row: int | None, chunk_bytes: int) -> list[tuple[int, int]]:
+    """(offset, size) of each chunk: ``chunk_bytes`` rounded down to whole rows (whole elements for 1-D, or
+    when one row is larger than a chunk), at least one row/element."""
+    if nbytes == 0:
+        return []
+    unit = row if row is not None and row <= chunk_bytes else itemsize
+    step = max(unit, chunk_bytes // unit * unit)
+    return [(o, min(step, nbytes - o)) for o in range(0, nbytes, step)]
+
+
+def _sample_starts(nbytes: int, itemsize: int) -> np.ndarray:
+    """Byte offsets of ``_SAMPLE_SLICES`` evenly spaced, element-aligned slices of a buffer."""
+    n, width = nbytes // itemsize, _SAMPLE_SLICE_BYTES // itemsize
+    return np.linspace(0, n - width, _SAMPLE_SLICES).astype(np.int64) * itemsize
+
+
+#: the dense codecs a changed chunk chooses from; on a tie the earlier wins (a full chunk needs no reference)
+_DENSE_CODECS = ("full", "xor", "diff")
+
+
+def _dense_bytes(codec: str, new: np.ndarray, old: np.ndarray, itemsize: int) -> np.ndarray:
+    """The bytes that ``codec`` compresses (byte planes + zstd-1) for a chunk and its reference."""
+    if codec == "diff":
+        return diff_bytes(new, old, itemsize)
+    if codec == "xor":
+        return xor_bytes(new, old, itemsize)
+    return new
+
+
+def _choose_dense(raw: np.ndarray, ref_raw: np.ndarray, itemsize: int) -> tuple[str, bytes]:
+    """(codec, payload) of the smallest of "full", "xor" and "diff" for a changed chunk. Big chunks decide on
+    evenly spaced samples and encode only the winner, so choosing costs a fraction of one more encode."""
+    if raw.size < _SAMPLE_ABOVE:
+        encoded = {c: encode_planes(_dense_bytes(c, raw, ref_raw, itemsize), itemsize) for c in _DENSE_CODECS}
+        codec = min(encoded, key=lambda c: len(encoded[c]))
+        return codec, encoded[codec]
+    starts = _sample_starts(raw.size, itemsize)
+    width = _SAMPLE_SLICE_BYTES // itemsize * itemsize
+    new = np.concatenate([raw[o : o + width] for o in starts])
+    old = np.concatenate([ref_raw[o : o + width] for o in starts])
+    codec = min(_DENSE_CODECS, key=lambda c: len(encode_planes(_dense_bytes(c, new, old, itemsize), itemsize)))
+    return codec, encode_planes(_dense_bytes(codec, raw, ref_raw, itemsize), itemsize)
+
+
+def _few_rows_may_differ(raw: np.ndarray, ref_raw: np.ndarray, row: int) -> bool:
+    """Whether trying "rows" is worth a full pass: False when most of ``_SAMPLE_ROWS`` evenly spaced rows
+    differ (a dense update, e.g. Adam state, where "rows" cannot win)."""
+    n_rows = raw.size // row
+    picked = np.linspace(0, n_rows - 1, min(n_rows, _SAMPLE_ROWS)).astype(np.int64)
+    differ = (raw.reshape(n_rows, row)[picked] != ref_raw.reshape(n_rows, row)[picked]).any(axis=1)
+    return differ.mean() <= 2 * _ROWS_TRY_FRACTION
+
+
+def encode_chunk(
+    raw: np.ndarray, itemsize: int, row: int | None, ref: ChunkEntry | None, ref_raw: np.ndarray | None,
+    ref_version: int | None,
+) -> tuple[dict[str, Any], bytes | None]:
+    """Smallest lossless encoding of one chunk. Returns (ChunkEntry fields minus offset/uploaded, payload or
+    None for "same")."""
+    if ref is None or ref_raw is None:
+        payload = encode_planes(raw, itemsize)
+        return dict(codec="full", **raw_hash_fields(raw), chunk=sha256_hex(payload), encoded_bytes=len(payload)), payload
+    if np.array_equal(raw, ref_raw):
+        return dict(
+            codec="same", raw_xxh3=ref.raw_xxh3, raw_sha256=ref.raw_sha256, chunk=ref.chunk,
+            encoded_bytes=ref.encoded_bytes,
+            ref_version=ref_version,
+        ), None
+    codec, payload = "", b""
+    if row is not None and raw.size % row == 0 and _few_rows_may_differ(raw, ref_raw, row):
+        x = xor_bytes(raw, ref_raw, itemsize)
+        rows = changed_rows(x, row)
+        n_rows = raw.size // row
+        if rows.size <= _ROWS_TRY_FRACTION * n_rows:
+            codec, payload = "rows", encode_rows(x, itemsize, row, rows)
+            if rows.size > _ROWS_TAKE_FRACTION * n_rows:
+                dense = _choose_dense(raw, ref_raw, itemsize)
+                codec, payload = min((codec, payload), dense, key=lambda c: len(c[1]))
+    if not codec:
+        codec, payload = _choose_dense(raw, ref_raw, itemsize)
+    fields: dict[str, Any] = dict(
+        codec=codec, **raw_hash_fields(raw), chunk=sha256_hex(payload), encoded_bytes=len(payload)
+    )
+    if codec != "full":
+        fields.update(ref_version=ref_version, ref_chunk=ref.chunk)
+    if codec == "rows":
+        fields["row_bytes"] = row
+    return fields, payload
