@@ -70,14 +70,14 @@ class _Buffers:
         import torch
 
         t = t.detach()
-        if t.dtype == torch.bfloat16:
-            t, np_dtype = t.view(torch.int16), np.dtype(np.int16)
+        if t.dtype == torch.bfloat16:  # numpy has no bfloat16: keep the bit patterns (uint16, like the store)
+            buf = self._buffer(name, tuple(t.shape), np.dtype(np.uint16))
+            torch.from_numpy(buf.view(np.int16)).copy_(t.view(torch.int16))  # torch has no uint16 copy on CPU
             logical[name] = "bfloat16"
-        else:
-            np_dtype = torch.empty(0, dtype=t.dtype).numpy().dtype
-        buf = self._buffer(name, tuple(t.shape), np_dtype)
+            return buf
+        buf = self._buffer(name, tuple(t.shape), torch.empty(0, dtype=t.dtype).numpy().dtype)
         torch.from_numpy(buf).copy_(t)  # also device -> host, and any strides
-        return buf.view(np.uint16) if name in logical else buf
+        return buf
 
 
 class AsyncSaver:
