@@ -172,6 +172,22 @@ def _choose_dense(raw: np.ndarray, ref_raw: np.ndarray, itemsize: int) -> tuple[
     return codec, encode_planes(_dense_bytes(codec, raw, ref_raw, itemsize), itemsize)
 
 
+def probe(raw: np.ndarray, itemsize: int) -> np.ndarray | None:
+    """A copy of one element-aligned ``_SAMPLE_SLICE_BYTES`` slice from the middle of a chunk (None for
+    smaller chunks). The store keeps the probes of the version it last committed, so that the next commit can
+    estimate what a delta right after a new base would cost (see ``CheckpointStore._rebase_due``)."""
+    width = _SAMPLE_SLICE_BYTES // itemsize * itemsize
+    if raw.size < max(width, itemsize):
+        return None
+    start = (raw.size - width) // 2 // itemsize * itemsize
+    return raw[start : start + width].copy()
+
+
+def delta_cost(new: np.ndarray, old: np.ndarray, itemsize: int) -> int:
+    """Encoded size of the cheaper of "full" and "diff" for two probes: the unit of the rebase estimate."""
+    return min(len(encode_planes(new, itemsize)), len(encode_planes(diff_bytes(new, old, itemsize), itemsize)))
+
+
 def _few_rows_may_differ(raw: np.ndarray, ref_raw: np.ndarray, row: int) -> bool:
     """Whether trying "rows" is worth a full pass: False when most of ``_SAMPLE_ROWS`` evenly spaced rows
     differ (a dense update, e.g. Adam state, where "rows" cannot win)."""
@@ -187,10 +203,13 @@ def encode_chunk(
 ) -> tuple[dict[str, Any], bytes | None]:
     """Smallest lossless encoding of one chunk. Returns (ChunkEntry fields minus offset/uploaded, payload or
     None for "same")."""
+    hashed = raw_hash_fields(raw)
     if ref is None or ref_raw is None:
         payload = encode_planes(raw, itemsize)
-        return dict(codec="full", **raw_hash_fields(raw), chunk=sha256_hex(payload), encoded_bytes=len(payload)), payload
-    if np.array_equal(raw, ref_raw):
+        return dict(codec="full", **hashed, chunk=sha256_hex(payload), encoded_bytes=len(payload)), payload
+    # a different hash proves a change without a compare pass; an equal one (or a schema-2 reference, which has
+    # no XXH3) is confirmed byte for byte
+    if ref.raw_xxh3 in (None, hashed["raw_xxh3"]) and np.array_equal(raw, ref_raw):
         return dict(
             codec="same", raw_xxh3=ref.raw_xxh3, raw_sha256=ref.raw_sha256, chunk=ref.chunk,
             encoded_bytes=ref.encoded_bytes,
@@ -208,9 +227,7 @@ def encode_chunk(
                 codec, payload = min((codec, payload), dense, key=lambda c: len(c[1]))
     if not codec:
         codec, payload = _choose_dense(raw, ref_raw, itemsize)
-    fields: dict[str, Any] = dict(
-        codec=codec, **raw_hash_fields(raw), chunk=sha256_hex(payload), encoded_bytes=len(payload)
-    )
+    fields: dict[str, Any] = dict(codec=codec, **hashed, chunk=sha256_hex(payload), encoded_bytes=len(payload))
     if codec != "full":
         fields.update(ref_version=ref_version, ref_chunk=ref.chunk)
     if codec == "rows":

@@ -75,9 +75,11 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from .chunks import (
     chunk_spans,
+    delta_cost,
     encode_chunk,
     normalize_meta,
     prepare_tensors,
+    probe,
     raw_hash_matches,
     raw_view,
     sha256_hex,
@@ -166,6 +168,20 @@ def _redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+#: codecs of chunks that changed everywhere: the ones a new base could make cheaper
+_DENSE = ("full", "diff", "xor")
+
+
+@dataclass(frozen=True)
+class _Probes:
+    """Probes (see chunks.probe) of the version this store last committed, by (tensor, chunk offset), and
+    that commit's estimate of a fresh delta's cost relative to its delta against the base."""
+
+    version: int | None = None
+    by_chunk: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    fresh_ratio: float | None = None
+
+
 def _delta_bytes(manifest: Manifest) -> int:
     """Bytes of the objects a delta version stores itself (its non-"same" chunks, each object once)."""
     return sum({c.chunk: c.encoded_bytes for e in manifest.tensors.values() for c in e.chunks if c.codec != "same"}.values())
@@ -232,6 +248,7 @@ class CheckpointStore:
         self._base: Manifest | None = None
         self._head: Manifest | None = None
         self._pending_base: int | None = None
+        self._probes = _Probes()  # of the version this store last committed (see _rebase_due)
         # object sha -> a committed version referencing it, for objects this store wrote or read and verified:
         # those are not uploaded again (anything else is, see _write_chunks)
         self._known: dict[str, int] = {}
@@ -281,7 +298,7 @@ class CheckpointStore:
             is_base = refs is None or head is None or self._rebase_due(head)
             depth = 0 if is_base else head.depth + 1
             use_refs = {} if is_base else refs
-            entries, payloads = self._encode_all(arrays, logical, use_refs)
+            entries, payloads, probes, fresh_ratio = self._encode_all(arrays, logical, use_refs, head)
             version = self._storage_call("list versions", self._next_version)
             manifest = Manifest(
                 version=version,
@@ -298,6 +315,7 @@ class CheckpointStore:
             self._publish(manifest, reused)
             self._manifests[version] = manifest
             self._head = manifest
+            self._probes = _Probes(version, probes, fresh_ratio)
             for sha in manifest.objects():
                 self._known.setdefault(sha, version)
             if is_base:
@@ -501,17 +519,27 @@ class CheckpointStore:
         return raw
 
     def _rebase_due(self, head: Manifest) -> bool:
-        """A new base after ``full_every - 1`` deltas, or after a delta that cost > rebase_ratio x its base.
+        """A new base after ``full_every - 1`` deltas, or after a delta that cost > rebase_ratio x its base,
+        unless a new base is not expected to pay.
 
-        Measured on Adam state (bench/checkpoint.py): rebasing at 0.7 even when a fresh delta already costs
-        ~0.7-0.85x a full copy paid, because training slows down and a delta against a recent base shrinks
-        (0.57-0.66x) while one against an aging base grows (0.72 -> 0.76x)."""
+        Whether it pays depends on the workload, so it is estimated: the commit that wrote ``head`` also
+        encoded a probe of each changed chunk against the version before it, i.e. what a delta right after a
+        new base would cost (``fresh``). A new base pays when a cycle of it plus ``full_every - 1`` fresh
+        deltas costs less per version than the aged delta does now. Measured (bench/checkpoint.py): Adam on a
+        1M MLP, whose fresh deltas shrink as training slows, gains from rebasing at 0.7 (0.71 vs 0.75 x
+        torch.save); a 25M transformer, whose fresh deltas cost as much as aged ones, loses (a base every
+        other version). Without probes of ``head`` (a fresh process) the plain 0.7 rule applies."""
         if head.depth + 1 >= self._full_every:
             return True
         if head.base is None or self._base is None:
             return False
-        base_size = self._base.stored_bytes()
-        return base_size > 0 and _delta_bytes(head) > self._rebase_ratio * base_size
+        full, delta = self._base.stored_bytes(), _delta_bytes(head)
+        if not (full > 0 and delta > self._rebase_ratio * full):
+            return False
+        if self._probes.version != head.version or self._probes.fresh_ratio is None:
+            return True
+        fresh = delta * self._probes.fresh_ratio
+        return (full + (self._full_every - 1) * fresh) / self._full_every < delta
 
     def _prepare_reference(self) -> None:
         """Make sure the writer knows what to encode against: nothing in memory (fresh store, or a loaded delta
@@ -545,9 +573,12 @@ class CheckpointStore:
             self._known.setdefault(sha, base.version)
 
     def _encode_all(
-        self, arrays: dict[str, np.ndarray], logical: dict[str, str], refs: dict[str, _Ref]
-    ) -> tuple[dict[str, TensorEntry], dict[str, bytes]]:
-        """Encode every chunk of every tensor (on the worker threads)."""
+        self, arrays: dict[str, np.ndarray], logical: dict[str, str], refs: dict[str, _Ref], head: Manifest | None
+    ) -> tuple[dict[str, TensorEntry], dict[str, bytes], dict[tuple[str, int], np.ndarray], float | None]:
+        """Encode every chunk of every tensor (on the worker threads). Also returns this state's probes and,
+        for a delta, the estimated cost of a delta against ``head`` relative to the one against the base
+        (None when unknown: no probes of ``head`` in memory, or no changed dense chunk)."""
+        parent = self._probes.by_chunk if head is not None and self._probes.version == head.version else {}
         jobs: list[tuple[Any, ...]] = []
         layout: dict[str, list[int]] = {}
         for name, arr in arrays.items():
@@ -566,28 +597,41 @@ class CheckpointStore:
                 rr = None if ref is None else ref.raw[off : off + n]
                 row_ok = row if row is not None and off % row == 0 and n % row == 0 else None
                 layout[name].append(len(jobs))
-                jobs.append((raw[off : off + n], arr.itemsize, row_ok, r, rr, None if ref is None else ref.version, off))
+                jobs.append((
+                    raw[off : off + n], arr.itemsize, row_ok, r, rr, None if ref is None else ref.version, off,
+                    parent.get((name, off)),
+                ))
 
-        def run(raw, itemsize, row, r, rr, ref_version, off):
+        def run(raw, itemsize, row, r, rr, ref_version, off, parent_probe):
             fields, payload = encode_chunk(raw, itemsize, row, r, rr, ref_version)
-            return off, int(raw.size), fields, payload
+            now = probe(raw, itemsize)
+            costs = None
+            if rr is not None and parent_probe is not None and now is not None and fields["codec"] in _DENSE:
+                costs = (delta_cost(now, probe(rr, itemsize), itemsize), delta_cost(now, parent_probe, itemsize))
+            return off, int(raw.size), fields, payload, now, costs
 
         results = self._map(run, jobs)
         entries: dict[str, TensorEntry] = {}
         payloads: dict[str, bytes] = {}
+        probes: dict[tuple[str, int], np.ndarray] = {}
+        vs_base = vs_parent = 0
         for name, arr in arrays.items():
             chunks = []
             for j in layout[name]:
-                off, n, fields, payload = results[j]
+                off, n, fields, payload, now, costs = results[j]
                 uploaded = payload is not None and fields["chunk"] not in self._known
                 if uploaded:
                     payloads[fields["chunk"]] = payload
                 chunks.append(ChunkEntry(offset=off, nbytes=n, uploaded=uploaded, **fields))
+                if now is not None:
+                    probes[(name, off)] = now
+                if costs is not None:
+                    vs_base, vs_parent = vs_base + costs[0], vs_parent + costs[1]
             entries[name] = TensorEntry(
                 dtype=arr.dtype.str, shape=list(arr.shape), nbytes=arr.nbytes, logical_dtype=logical.get(name),
                 chunks=chunks,
             )
-        return entries, payloads
+        return entries, payloads, probes, (vs_parent / vs_base if vs_base else None)
 
     def _write_chunks(self, payloads: dict[str, bytes]) -> None:
         """Upload every object (always: an existing object of the same name may be an orphan that gc is

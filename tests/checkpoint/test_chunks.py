@@ -111,21 +111,31 @@ def test_a_chunk_that_changed_everywhere_is_stored_full_when_that_is_smaller(url
     assert CheckpointStore(url).load(1).tensors["x"].tobytes() == noise.tobytes()
 
 
-def test_a_delta_that_costs_nearly_a_full_copy_makes_the_next_version_a_base(url: str) -> None:
+def test_a_delta_that_costs_nearly_a_full_copy_makes_a_new_base_once_that_pays(url: str) -> None:
     rng = np.random.default_rng(4)
     store = CheckpointStore(url, full_every=100, rebase_ratio=0.7)
     x = rng.standard_normal(20_000).astype(np.float32)
+    y = rng.standard_normal(20_000).astype(np.float32)  # unrelated: a delta against x costs ~ a full copy
     store.commit({"x": x}, {})
-    store.commit({"x": rng.standard_normal(20_000).astype(np.float32)}, {})  # unrelated: delta ~ full size
-    assert store.manifest(1)["base"] == 0
-    store.commit({"x": x}, {})
-    assert store.manifest(2)["base"] is None and store.manifest(2)["depth"] == 0
+    store.commit({"x": y}, {})
+    # version 1's parent is the base, so a delta right after a new base would have cost as much: no new base
+    store.commit({"x": y}, {})
+    assert store.manifest(2)["base"] == 0 and store.manifest(2)["depth"] == 2
+    # version 2 still costs a full copy against the base, but nothing against version 1: a new base pays
+    store.commit({"x": y}, {})
+    assert store.manifest(3)["base"] is None and store.manifest(3)["depth"] == 0
     # small deltas do not trigger it
-    y = x.copy()
-    y[::100] += 1
-    store.commit({"x": y}, {})
-    store.commit({"x": y}, {})
-    assert store.manifest(4)["base"] == 2 and store.manifest(4)["depth"] == 2
+    z = y.copy()
+    z[::100] += 1
+    store.commit({"x": z}, {})
+    store.commit({"x": z}, {})
+    assert store.manifest(5)["base"] == 3 and store.manifest(5)["depth"] == 2
+    # a fresh writer has no estimate: the plain rule (a delta above rebase_ratio x the base) applies
+    store.commit({"x": x}, {})
+    fresh = CheckpointStore(url, full_every=100, rebase_ratio=0.7)
+    fresh.commit({"x": x}, {})
+    assert fresh.manifest(7)["base"] is None
+    assert np.array_equal(CheckpointStore(url).load(6).tensors["x"], x)
 
 
 def test_a_fresh_writer_continues_against_the_stored_base(url: str) -> None:
