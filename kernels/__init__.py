@@ -4,6 +4,7 @@ Why: the fastest way to compute an op (GAE, losses, gathers) depends on shape, d
 and fast rewrites are easy to get subtly wrong. So each op keeps a readable reference, candidates are verified
 against it and timed (`autotune`), the winner per shape bucket is cached on disk, and `dispatch` routes each call to
 that winner, or to the reference when nothing is tuned. A wrong or slower candidate can never be chosen.
+GYMFLOW_KERNELS=reference makes every dispatcher run the reference (to measure what tuning buys, or to rule it out).
 
 This package stands alone: it imports nothing from rl_core, flows, tasks or prefect.
 """
@@ -11,6 +12,7 @@ This package stands alone: it imports nothing from rl_core, flows, tasks or pref
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,25 +22,30 @@ import torch
 # `python -m kernels.autotune` runs a module this package already imported; runpy warns about that, harmlessly.
 warnings.filterwarnings("ignore", message=r"'kernels\.autotune' found in sys\.modules", category=RuntimeWarning)
 
-from kernels import gae as _gae  # noqa: E402,F401 - registers the GAE op
-from kernels.autotune import BucketReport, CandidateResult, TuneReport, autotune  # noqa: E402
+# Each op module registers its op on import.
+from kernels import gae, grpo_loss, logprobs, policy_mlp, ppo_loss, returns  # noqa: E402,F401
+from kernels.autotune import autotune  # noqa: E402
 from kernels.cache import WinnerFile, cache_key, winners_path  # noqa: E402
 from kernels.registry import (  # noqa: E402
+    COMPILE,
     REFERENCE,
     CandidateUnavailable,
     Kernel,
     Op,
     Tolerance,
+    candidate,
     describe,
     get_op,
     register,
     registered_ops,
     unregister,
 )
+from kernels.report import BucketReport, CandidateResult, TuneReport, fast_p, geomean_speedup, summary  # noqa: E402
 
 __all__ = [
-    "REFERENCE", "BucketReport", "CandidateResult", "CandidateUnavailable", "Dispatcher", "Kernel", "Op",
-    "Tolerance", "TuneReport", "autotune", "dispatch", "get_op", "register", "registered_ops", "unregister",
+    "COMPILE", "REFERENCE", "BucketReport", "CandidateResult", "CandidateUnavailable", "Dispatcher", "Kernel", "Op",
+    "Tolerance", "TuneReport", "autotune", "candidate", "dispatch", "fast_p", "geomean_speedup", "get_op",
+    "register", "registered_ops", "summary", "unregister",
 ]
 
 
@@ -62,6 +69,8 @@ class Dispatcher:
 
     def choose(self, *args: Any, **kwargs: Any) -> str:
         """Name of the implementation a call with these arguments runs (useful for logs and tests)."""
+        if os.environ.get("GYMFLOW_KERNELS") == REFERENCE:
+            return REFERENCE
         inputs = self._positional(args, kwargs)
         path = winners_path()
         file = self._files.get(path)

@@ -1,203 +1,181 @@
 """The tuner: per shape bucket, verify every candidate, time the survivors, and cache the winner.
 
-Usage: python -m kernels.autotune --ops gae --shapes 256x64 1024x64 --report
+Usage: python -m kernels.autotune --ops gae,ppo_loss --report   (see kernels/cli.py for every option)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import os
 import sys
-from dataclasses import asdict, dataclass, field
+import time
 
 import torch
+from torch import Tensor
 
 from kernels.cache import cache_key, read_entries, winners_path, write_entry
-from kernels.registry import REFERENCE, Op, describe, get_op, registered_ops
-from kernels.timing import pick_winner, time_kernel
-from kernels.verify import MIN_SEEDS, build_cases, verify
+from kernels.generators import CandidateGenerator, evaluate_proposals
+from kernels.registry import COMPILE, REFERENCE, Kernel, Op, describe, get_op, per_process_setup
+from kernels.report import BucketReport, CandidateResult, TuneReport
+from kernels.timing import Timing, pick_winner, time_kernels
+from kernels.verify import FRESH_SEED, MIN_SEEDS, build_cases, clone_inputs, run_with_grads, verify
 
 DEFAULT_MIN_RUN_TIME = 0.2
 """Seconds of timing per implementation and bucket: enough for a stable median of millisecond kernels."""
 
-
-@dataclass
-class CandidateResult:
-    """What the tuner found out about one implementation in one bucket."""
-
-    name: str
-    verified: bool
-    reason: str | None = None
-    """Why it was rejected (None when verified)."""
-    max_abs_err: float | None = None
-    median_s: float | None = None
-    iqr_s: float | None = None
-    speedup: float | None = None
-    """Reference median / this median; > 1 means faster than the reference."""
+REVERIFY_SPEEDUP = 10.0
+"""A speedup above this is too good to take on trust: re-verified and re-timed on fresh inputs first."""
 
 
-@dataclass
-class BucketReport:
-    """Tuning result for one shape bucket."""
-
-    shape: dict
-    """The shape the measurements were made at (a member of `bucket`)."""
-    bucket: dict
-    dtype: str
-    device: str
-    num_threads: int
-    winner: str
-    candidates: list[CandidateResult]
-    cache_hit: bool = False
-
-    @classmethod
-    def from_entry(cls, entry: dict) -> BucketReport:
-        """Rebuild a report from its cache entry (raises KeyError/TypeError on a malformed entry)."""
-        fields = {k: v for k, v in entry.items() if k != "candidates"}
-        return cls(**fields, candidates=[CandidateResult(**c) for c in entry["candidates"]])
-
-    def to_entry(self) -> dict:
-        """The cache entry for this result; whether it came from the cache is not part of it."""
-        entry = asdict(self)
-        del entry["cache_hit"]
-        return entry
-
-
-@dataclass
-class TuneReport:
-    """Everything `autotune` decided for one op, one `BucketReport` per distinct bucket."""
-
-    op: str
-    buckets: list[BucketReport] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        """Plain JSON-serialisable form."""
-        return asdict(self)
-
-    def table(self) -> str:
-        """Human-readable table, one block per bucket."""
-        lines = []
-        for b in self.buckets:
-            lines.append(f"{self.op} shape {_fmt(b.shape)} (bucket {_fmt(b.bucket)}) {b.dtype} {b.device} "
-                         f"threads={b.num_threads}: winner {b.winner}{' (cache hit)' if b.cache_hit else ''}")
-            lines.append(f"  {'candidate':<12}{'verified':<10}{'median ms':>11}{'iqr ms':>10}{'speedup':>10}  note")
-            for c in b.candidates:
-                timed = c.median_s is not None
-                median = f"{c.median_s * 1e3:.4f}" if timed else "-"
-                iqr = f"{c.iqr_s * 1e3:.4f}" if timed else "-"
-                speedup = f"{c.speedup:.2f}x" if timed else "-"
-                note = c.reason or ("winner" if c.name == b.winner else "")
-                lines.append(f"  {c.name:<12}{'yes' if c.verified else 'no':<10}{median:>11}{iqr:>10}{speedup:>10}  "
-                             f"{note}")
-        return "\n".join(lines)
-
-
-def _fmt(shape: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in shape.items())
+def default_opt_in() -> frozenset[str]:
+    """Opt-in candidate groups asked for through the environment: GYMFLOW_KERNELS_COMPILE=1 adds torch.compile."""
+    wanted = os.environ.get("GYMFLOW_KERNELS_COMPILE", "").lower() in {"1", "true", "yes"}
+    return frozenset({COMPILE}) if wanted else frozenset()
 
 
 def tune_bucket(
     op: Op, shape: dict, *, seeds: int = MIN_SEEDS, min_run_time: float = DEFAULT_MIN_RUN_TIME,
-    num_threads: int | None = None,
+    num_threads: int | None = None, opt_in: frozenset[str] | None = None, calls_per_run: int | None = None,
 ) -> BucketReport:
-    """Verify every candidate of `op` at `shape` (plus edge cases), time the survivors and the reference, pick.
+    """Verify every eligible candidate of `op` at `shape` (plus edge cases), time the survivors and the reference,
+    pick the cheapest per call once a JIT's per-process setup is spread over `calls_per_run` (default: the op's).
 
     Touches no cache: `autotune` stores the result, `bench/` only prints it.
     """
     threads = num_threads or torch.get_num_threads()
+    candidates = op.eligible(shape.get("device", "cpu"), default_opt_in() if opt_in is None else opt_in)
+    implementations: dict[str, Kernel] = {REFERENCE: op.reference, **candidates}
+    inputs = op.make_inputs(shape, 0)
+    first_call = {name: _first_call_s(op, fn, inputs) for name, fn in implementations.items()}  # builds, compiles
     cases = build_cases(op, shape, seeds)
     results = {REFERENCE: CandidateResult(REFERENCE, verified=True, max_abs_err=0.0)}
-    for name, fn in op.candidates.items():
+    for name, fn in candidates.items():
         verdict = verify(op, fn, cases)
-        results[name] = CandidateResult(name, verdict.ok, verdict.reason, verdict.max_abs_err)
-    inputs = op.make_inputs(shape, 0)
-    implementations = op.implementations()
-    timings = {name: time_kernel(implementations[name], inputs, min_run_time=min_run_time, num_threads=threads)
-               for name, result in results.items() if result.verified}
-    reference_s = timings[REFERENCE].median_s
-    for name, timing in timings.items():
-        result = results[name]
-        result.median_s, result.iqr_s, result.speedup = timing.median_s, timing.iqr_s, reference_s / timing.median_s
+        results[name] = CandidateResult(name, verdict.ok, verdict.reason, verdict.max_abs_err,
+                                        nonfinite=verdict.nonfinite)
+    timing = _time(op, {n: implementations[n] for n, r in results.items() if r.verified}, inputs, min_run_time,
+                   threads)
+    for name, t in timing.items():
+        _record(results[name], t, timing[REFERENCE], first_call[name])
+    _reverify_large_speedups(op, shape, seeds, implementations, results, timing, min_run_time, threads)
+    calls = calls_per_run or op.calls_per_run
+    setup = {name: (results[name].build_s or 0.0) / calls for name in timing
+             if per_process_setup(implementations[name])}
     dtype, device = describe(inputs)
     return BucketReport(shape=dict(shape), bucket=op.bucket(inputs), dtype=dtype, device=device, num_threads=threads,
-                        winner=pick_winner(timings), candidates=list(results.values()))
+                        winner=pick_winner(timing, setup), candidates=list(results.values()))
+
+
+def _first_call_s(op: Op, fn: Kernel, inputs: tuple) -> float | None:
+    """Seconds of the first call (and backward) in this process, which pays any build; None if it raised
+    (verification then records why)."""
+    start = time.perf_counter()
+    try:
+        outputs, wrt = run_with_grads(op, fn, clone_inputs(inputs))
+        differentiable = [o for o in outputs if isinstance(o, Tensor) and o.requires_grad]
+        if differentiable and wrt:
+            torch.autograd.grad(differentiable, wrt, [torch.ones_like(o) for o in differentiable], allow_unused=True)
+    except Exception:  # noqa: BLE001 - verification reports the failure with its case
+        return None
+    return time.perf_counter() - start
+
+
+def _time(op: Op, fns: dict[str, Kernel], inputs: tuple, min_run_time: float, threads: int) -> dict[str, Timing]:
+    return time_kernels(fns, inputs, min_run_time=min_run_time, num_threads=threads, grad_argnums=op.grad_argnums)
+
+
+def _record(result: CandidateResult, timing: Timing, reference: Timing, first_call_s: float | None) -> None:
+    result.median_s, result.iqr_s = timing.median_s, timing.iqr_s
+    result.speedup = reference.median_s / timing.median_s
+    if first_call_s is not None:
+        result.build_s = max(first_call_s - timing.median_s, 0.0)
+
+
+def _reverify_large_speedups(
+    op: Op, shape: dict, seeds: int, implementations: dict[str, Kernel], results: dict[str, CandidateResult],
+    timing: dict[str, Timing], min_run_time: float, threads: int,
+) -> None:
+    """Re-verify every speedup over `REVERIFY_SPEEDUP` on fresh seeds and re-time it against the reference on fresh
+    inputs. A candidate failing verification is rejected (and loses its timing, so it cannot win); one passing keeps
+    the lower of its two speedups, so a lucky measurement cannot carry it."""
+    suspects = [n for n, r in results.items() if n != REFERENCE and r.speedup and r.speedup > REVERIFY_SPEEDUP]
+    if not suspects:
+        return
+    fresh_cases = build_cases(op, shape, seeds, first_seed=FRESH_SEED, edges=False)
+    for name in suspects:
+        result, verdict = results[name], verify(op, implementations[name], fresh_cases)
+        if not verdict.ok:
+            result.verified = False
+            result.reason = f"{result.speedup:.0f}x speedup not confirmed on fresh inputs: {verdict.reason}"
+            del timing[name]
+    confirmed = [n for n in suspects if results[n].verified]
+    if not confirmed:
+        return
+    fns = {n: implementations[n] for n in (REFERENCE, *confirmed)}
+    fresh = _time(op, fns, op.make_inputs(shape, FRESH_SEED), min_run_time, threads)
+    for name in confirmed:
+        result = results[name]
+        result.speedup = min(result.speedup, fresh[REFERENCE].median_s / fresh[name].median_s)
+        result.median_s = timing[REFERENCE].median_s / result.speedup
+        result.reverified = True
+        timing[name] = Timing(result.median_s, result.iqr_s, timing[name].runs)
 
 
 def autotune(
-    op: str, shapes: list[dict], *, force: bool = False, seeds: int = MIN_SEEDS,
+    op: str, shapes: list[dict] | None = None, *, force: bool = False, seeds: int = MIN_SEEDS,
     min_run_time: float = DEFAULT_MIN_RUN_TIME, num_threads: int | None = None,
+    opt_in: frozenset[str] | None = None, calls_per_run: int | None = None,
+    generator: CandidateGenerator | None = None,
 ) -> TuneReport:
-    """Tune `op` for the bucket of each shape: a cached winner is returned as is unless `force`; otherwise the
-    bucket is tuned at that shape and the winner stored. Shapes falling into the same bucket are tuned once.
+    """Tune `op` for the bucket of each shape (default: the op's `default_shapes`): a cached winner is returned as
+    is unless `force`, or unless it was tuned without a candidate eligible now (e.g. compile was opted in since);
+    otherwise the bucket is tuned at that shape and the winner stored. Shapes in one bucket are tuned once.
 
-    `min_run_time` is the timing budget per implementation and bucket; `num_threads` defaults to torch's current
-    setting, which is also what `dispatch` looks winners up by.
+    `num_threads` defaults to torch's current setting, which is also what `dispatch` looks winners up by.
+    `generator` adds proposals checked in a subprocess: reported and saved for review, never dispatched.
     """
     spec = get_op(op)
     threads = num_threads or torch.get_num_threads()
+    opt_in = default_opt_in() if opt_in is None else opt_in
     path = winners_path()
     stored = {} if force else read_entries(path)
     report, seen = TuneReport(op), set()
-    for shape in shapes:
+    for shape in shapes or list(spec.default_shapes):
         inputs = spec.make_inputs(shape, 0)
         key = cache_key(spec, spec.bucket(inputs), *describe(inputs), threads)
         if key in seen:
             continue
         seen.add(key)
-        cached = _cached_report(spec, stored.get(key))
-        if cached is None:
-            cached = tune_bucket(spec, shape, seeds=seeds, min_run_time=min_run_time, num_threads=threads)
-            write_entry(path, key, cached.to_entry())
-        report.buckets.append(cached)
+        wanted = {REFERENCE, *spec.eligible(shape.get("device", "cpu"), opt_in)}
+        bucket = _cached_report(spec, stored.get(key), wanted)
+        if bucket is None:
+            bucket = tune_bucket(spec, shape, seeds=seeds, min_run_time=min_run_time, num_threads=threads,
+                                 opt_in=opt_in, calls_per_run=calls_per_run)
+        if generator is not None:
+            bucket.proposals = evaluate_proposals(spec, shape, generator, seeds=seeds, min_run_time=min_run_time)
+        if not bucket.cache_hit or generator is not None:
+            write_entry(path, key, bucket.to_entry())
+        report.buckets.append(bucket)
+    if not report.buckets:
+        raise ValueError(f"op {op!r}: no shapes given and the op has no default_shapes; pass shapes to tune")
     return report
 
 
-def _cached_report(op: Op, entry: dict | None) -> BucketReport | None:
-    """The stored report for a bucket if it is well-formed and names an implementation that still exists."""
+def _cached_report(op: Op, entry: dict | None, wanted: set[str]) -> BucketReport | None:
+    """The stored report for a bucket if it is well-formed, names an implementation that still exists, and tried
+    every implementation wanted now."""
     if not isinstance(entry, dict):
         return None
     try:
         report = BucketReport.from_entry(entry)
     except (KeyError, TypeError):
         return None
-    if report.winner not in op.implementations():
+    if report.winner not in op.implementations() or not wanted <= {c.name for c in report.candidates}:
         return None
     report.cache_hit = True
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: tune the given ops at the given shapes, print a summary or the full report."""
-    parser = argparse.ArgumentParser(prog="python -m kernels.autotune", description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", nargs="+", required=True, help=f"ops to tune; registered: {registered_ops()}")
-    parser.add_argument("--shapes", nargs="+", required=True, help="shapes spelled like 256x64 (TxN for gae)")
-    parser.add_argument("--report", action="store_true", help="print the full report as a table and as JSON")
-    parser.add_argument("--force", action="store_true", help="re-tune buckets that already have a cached winner")
-    parser.add_argument("--min-run-time", type=float, default=DEFAULT_MIN_RUN_TIME,
-                        help="timing budget in seconds per implementation and bucket")
-    parser.add_argument("--seeds", type=int, default=MIN_SEEDS, help="random seeds verified per bucket")
-    args = parser.parse_args(argv)
-    reports = []
-    for name in args.ops:
-        try:
-            spec = get_op(name)
-            shapes = [spec.parse_shape(text) for text in args.shapes]
-        except (KeyError, ValueError) as exc:
-            parser.error(exc.args[0])
-        reports.append(autotune(name, shapes, force=args.force, seeds=args.seeds, min_run_time=args.min_run_time))
-    for report in reports:
-        if args.report:
-            print(report.table())
-        else:
-            for b in report.buckets:
-                print(f"{report.op} {_fmt(b.bucket)}: {b.winner}{' (cache hit)' if b.cache_hit else ''}")
-    if args.report:
-        print(json.dumps([r.to_dict() for r in reports], indent=2))
-    print(f"winners cached in {winners_path()}", file=sys.stderr)
-    return 0
-
-
 if __name__ == "__main__":
-    from kernels.autotune import main as package_main  # the package's copy, not this __main__ duplicate
+    from kernels.cli import main  # noqa: PLC0415 - the package's copy of this module, not this __main__ duplicate
 
-    sys.exit(package_main())
+    sys.exit(main())

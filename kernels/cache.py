@@ -2,15 +2,18 @@
 
 Winners live in `$GYMFLOW_CACHE_DIR/kernels/winners.json` (default: the platform's user cache dir). An entry is
 keyed by everything that can change which implementation is fastest or whether it is still the code that was
-measured: op, shape bucket, dtype, device, torch and numpy versions, CPU and thread count, and a hash of the
-implementations' sources. The cache is only an optimisation, so a corrupt file is ignored with a warning.
+measured: op, shape bucket, dtype, device, torch and numpy versions, CPU model and flags (or GPU name), core and
+thread count, and a hash of the implementations' sources. The cache is only an optimisation, so a corrupt file is
+ignored with a warning.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
+import platform
 import tempfile
 import warnings
 from pathlib import Path
@@ -55,11 +58,27 @@ def cache_key(op: Op, bucket: dict, dtype: str, device: str, num_threads: int) -
         "device": device,
         "torch": torch.__version__,
         "numpy": np.__version__,
+        "cpu": cpu_signature(),
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
         "cpu_count": os.cpu_count(),
         "num_threads": num_threads,
         "sources": op.source_hash,
     }
     return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
+@functools.cache
+def cpu_signature() -> str:
+    """Short hash of the CPU model and instruction-set flags: a winner (or a -march=native build) is only valid
+    on the CPU it was made on."""
+    described = platform.machine() + platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags", "Features")):  # Features: ARM's flags
+                described += line
+    except OSError:  # not Linux: the platform's own description is all there is
+        pass
+    return hashlib.sha256(described.encode()).hexdigest()[:12]
 
 
 def read_entries(path: Path) -> dict[str, dict]:

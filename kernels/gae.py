@@ -1,4 +1,4 @@
-"""GAE (generalized advantage estimation) as a tunable op: the reference loop and four candidates.
+"""GAE (generalized advantage estimation) as a tunable op: the reference loop and its candidates.
 
 Every implementation has the signature
     gae(rewards[T, N], values[T, N], dones[T, N], next_value[N], gamma, lam) -> (advantages[T, N], returns[T, N])
@@ -9,11 +9,7 @@ implementations may detach their inputs.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import hashlib
-import os
-import shutil
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -21,8 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels.cache import cache_dir
-from kernels.registry import CandidateUnavailable, Op, register
+from kernels.compiled import compiled
+from kernels.inputs import next_pow2, place
+from kernels.native import F64, I64, PTR, float32_cpu, load_function
+from kernels.registry import CandidateUnavailable, Op, candidate, register
+
+TRITON_SOURCE = (Path(__file__).parent / "triton_scan.py").read_text()
+"""The Triton kernel's text: hashed into the cache key without importing triton."""
 
 
 def gae_reference(
@@ -72,13 +73,19 @@ def gae_doubling(
     (maps past the last step see A_T = 0).
     """
     a, c = _deltas_and_decays(rewards, values, dones, next_value, gamma, lam)  # [T, N] each, owned here
+    advantages = doubling_scan(a, c)
+    return advantages, advantages + values
+
+
+def doubling_scan(a: Tensor, c: Tensor) -> Tensor:
+    """Solve A_t = a_t + c_t * A_{t+1} (A_T = 0) along dim 0 in log2(T) passes; overwrites and returns `a`."""
     T, stride = a.shape[0], 1
     while stride < T:
         a[:-stride] += c[:-stride] * a[stride:]  # the product is formed before the in-place add: no aliasing
         c[:-stride] = c[:-stride] * c[stride:]
         c[-stride:] = 0  # windows running past the last step carry nothing in
         stride *= 2
-    return a, a + values
+    return a
 
 
 def gae_blocked(
@@ -100,8 +107,13 @@ def gae_blocked(
     if block < 2:
         raise ValueError(f"gae_blocked needs block >= 2 time steps (each level must shrink T), found {block}")
     deltas, decays = _deltas_and_decays(rewards, values, dones, next_value, gamma, lam)
-    advantages = _scan(deltas.T.contiguous(), decays.T.contiguous(), block).T.contiguous()
+    advantages = blocked_scan(deltas, decays, block)
     return advantages, advantages + values
+
+
+def blocked_scan(delta: Tensor, decay: Tensor, block: int = 8) -> Tensor:
+    """Solve A_t = delta_t + decay_t * A_{t+1} (A_T = 0) along dim 0 of [T, N] tensors, in closed form per block."""
+    return _scan(delta.T.contiguous(), decay.T.contiguous(), block).T.contiguous()
 
 
 def _deltas_and_decays(
@@ -172,21 +184,13 @@ extern "C" void gymflow_gae(const float* r, const float* v, const float* d, cons
 """
 
 
+@candidate(source=_CPP_SOURCE)
 def gae_cpp(
     rewards: Tensor, values: Tensor, dones: Tensor, next_value: Tensor, gamma: float, lam: float
 ) -> tuple[Tensor, Tensor]:
     """The backward loop in C++ (built once by `load_inline`, cached in the cache dir): no per-step overhead at all."""
-    kernel = _cpp_kernel()
-    if isinstance(kernel, str):
-        raise CandidateUnavailable(kernel)
-    tensors = [x.detach() for x in (rewards, values, dones, next_value)]
-    found = {(x.dtype, x.device.type) for x in tensors}
-    if found != {(torch.float32, "cpu")}:
-        raise TypeError(
-            f"gae_cpp expects float32 CPU tensors, found {', '.join(sorted(f'{t} on {d}' for t, d in found))}; "
-            "call kernels.dispatch('gae'), which only routes float32 CPU calls here"
-        )
-    r, v, d, nv = (x.contiguous() for x in tensors)
+    kernel = load_function("gae", _CPP_SOURCE, "gymflow_gae", (PTR,) * 6 + (I64,) * 2 + (F64,) * 2)
+    r, v, d, nv = float32_cpu("gae", rewards, values, dones, next_value)
     T, N = r.shape
     if v.shape != r.shape or d.shape != r.shape or nv.shape != (N,):  # C++ would read out of bounds, not raise
         raise ValueError(
@@ -199,37 +203,25 @@ def gae_cpp(
     return advantages, returns
 
 
-gae_cpp.__kernel_source__ = _CPP_SOURCE  # the C++ code is part of what a cached winner was tuned with
+@candidate(devices=("cuda",), source=TRITON_SOURCE)
+def gae_triton(
+    rewards: Tensor, values: Tensor, dones: Tensor, next_value: Tensor, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """Deltas in torch, the backward recurrence in one Triton kernel (a launch per op, not per time step)."""
+    deltas, decays = _deltas_and_decays(rewards.float(), values.float(), dones.float(), next_value.float(), gamma, lam)
+    advantages = triton_backward_scan()(deltas, decays).to(rewards.dtype)
+    return advantages, advantages + values
 
 
-@functools.cache
-def _cpp_kernel() -> Callable[..., None] | str:
-    """The compiled loop, or why it is unavailable (no compiler, no ninja, failed build). Decided once per process.
-
-    Built by `load_inline` into `<cache dir>/kernels/cpp/<hash of source and versions>` in about a second (a C++
-    candidate is only worth keeping if it builds in well under a minute); later processes only load the library.
-    """
-    from torch.utils import cpp_extension
-
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        return f"C++ compiler {compiler!r} not found; install g++ (or set CXX) to enable this candidate"
-    if not cpp_extension.is_ninja_available():
-        return "ninja not found; `pip install ninja` into the venv to enable this candidate"
-    digest = hashlib.sha256((_CPP_SOURCE + torch.__version__).encode()).hexdigest()[:12]
-    build_dir = cache_dir() / "kernels" / "cpp" / digest
-    build_dir.mkdir(parents=True, exist_ok=True)
+def triton_backward_scan() -> Callable[[Tensor, Tensor], Tensor]:
+    """`kernels.triton_scan.backward_scan`, imported on first use; unavailable without CUDA or triton."""
+    if not torch.cuda.is_available():
+        raise CandidateUnavailable("Triton candidates need a CUDA device; none is available")
     try:
-        library = cpp_extension.load_inline(
-            name=f"gymflow_gae_{digest}", cpp_sources=_CPP_SOURCE, build_directory=str(build_dir),
-            extra_cflags=["-O3"], no_implicit_headers=True, is_python_module=False,
-        )
-        kernel = ctypes.CDLL(library).gymflow_gae
-    except Exception as exc:  # noqa: BLE001 - any build or load failure just makes the candidate unavailable
-        return f"building the C++ candidate in {build_dir} failed: {type(exc).__name__}: {exc}"
-    kernel.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_double] * 2
-    kernel.restype = None
-    return kernel
+        from kernels.triton_scan import backward_scan  # noqa: PLC0415 - triton is optional (gpu extra)
+    except ImportError as exc:
+        raise CandidateUnavailable(f"triton is not importable ({exc}); install the gpu extra") from exc
+    return backward_scan
 
 
 def make_inputs(shape: dict, seed: int) -> tuple:
@@ -243,14 +235,19 @@ def make_inputs(shape: dict, seed: int) -> tuple:
     rewards = torch.randn(T, N, generator=gen)
     values = torch.randn(T, N, generator=gen)
     next_value = torch.randn(N, generator=gen)
+    dones = random_dones(shape, (T, N), gen)
+    rewards, values, dones, next_value = place(shape, rewards, values, dones, next_value)
+    return rewards, values, dones, next_value, shape.get("gamma", 0.99), shape.get("lam", 0.95)
+
+
+def random_dones(shape: dict, size: tuple[int, ...], gen: torch.Generator) -> Tensor:
+    """Episode ends as float 0/1: shape key "dones" is "random" (probability "p_done", default 0.1), "all", "none"."""
     mode = shape.get("dones", "random")
     if mode == "random":
-        dones = (torch.rand(T, N, generator=gen) < shape.get("p_done", 0.1)).float()
-    elif mode in ("all", "none"):
-        dones = torch.full((T, N), 1.0 if mode == "all" else 0.0)
-    else:
-        raise ValueError(f"shape key 'dones' must be 'random', 'all' or 'none', found {mode!r}")
-    return rewards, values, dones, next_value, shape.get("gamma", 0.99), shape.get("lam", 0.95)
+        return (torch.rand(size, generator=gen) < shape.get("p_done", 0.1)).float()
+    if mode in ("all", "none"):
+        return torch.full(size, 1.0 if mode == "all" else 0.0)
+    raise ValueError(f"shape key 'dones' must be 'random', 'all' or 'none', found {mode!r}")
 
 
 def bucket(inputs: tuple) -> dict:
@@ -259,11 +256,7 @@ def bucket(inputs: tuple) -> dict:
     if rewards.dim() != 2:
         raise ValueError(f"GAE expects rewards of shape [T, N], found shape {tuple(rewards.shape)}")
     T, N = rewards.shape
-    return {"T": _next_pow2(T), "N": _next_pow2(N)}
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
+    return {"T": next_pow2(T), "N": next_pow2(N)}
 
 
 EDGE_CASES: tuple[dict, ...] = (
@@ -281,10 +274,13 @@ GAE = register(
     Op(
         name="gae",
         reference=gae_reference,
-        candidates={"numpy": gae_numpy, "doubling": gae_doubling, "blocked": gae_blocked, "cpp": gae_cpp},
+        candidates={"numpy": gae_numpy, "doubling": gae_doubling, "blocked": gae_blocked, "cpp": gae_cpp,
+                    "triton": gae_triton, "compile": compiled(gae_doubling)},
         make_inputs=make_inputs,
         bucket=bucket,
         dims=("T", "N"),
         edge_cases=EDGE_CASES,
+        default_shapes=({"T": 128, "N": 64},),  # the quick preset: 128 steps of 2 workers x 32 envs
+        calls_per_run=100,  # once per iteration; the quick preset runs 100
     )
 )

@@ -37,8 +37,40 @@ class Tolerance:
 
 
 DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = MappingProxyType(
-    {torch.float32: Tolerance(rtol=1e-4, atol=1e-4)}
+    {torch.float32: Tolerance(rtol=1e-4, atol=1e-4), torch.bfloat16: Tolerance(rtol=1e-2, atol=1e-2)}
 )
+
+COMPILE = "compile"
+"""Opt-in group of `torch.compile` candidates: a cold inductor compile costs minutes on a small CPU, so they are only
+tried when asked for (`autotune(..., opt_in={COMPILE})`, `--compile`, or GYMFLOW_KERNELS_COMPILE=1)."""
+
+
+def candidate(
+    *, devices: tuple[str, ...] = ("cpu", "cuda"), opt_in: str | None = None, per_process_setup: bool = False,
+    source: str = "",
+) -> Callable[[Kernel], Kernel]:
+    """Mark a candidate's traits, read by `Op.eligible` and the tuner.
+
+    `devices`: device types it can run on (Triton: cuda only), so it is not even listed elsewhere.
+    `opt_in`: group name; candidates in a group run only when that group is asked for (costly builds).
+    `per_process_setup`: its first call in every process pays a setup (JIT compile) that the tuner weighs against
+    the expected calls per run; a build cached on disk (C++) is paid once per machine and is not weighed.
+    `source`: text beyond the Python source that defines what runs (C++, Triton), hashed into the cache key.
+    """
+
+    def mark(fn: Kernel) -> Kernel:
+        fn.__kernel_devices__ = devices
+        fn.__kernel_opt_in__ = opt_in
+        fn.__kernel_per_process_setup__ = per_process_setup
+        fn.__kernel_source__ = getattr(fn, "__kernel_source__", "") + source
+        return fn
+
+    return mark
+
+
+def per_process_setup(fn: Kernel) -> bool:
+    """Whether `fn`'s first call in a process pays a setup worth weighing (see `candidate`)."""
+    return bool(getattr(fn, "__kernel_per_process_setup__", False))
 
 
 @dataclass(frozen=True)
@@ -59,6 +91,12 @@ class Op:
     edge_cases: tuple[dict, ...] = ()
     """Shape dicts that `make_inputs` turns into corner cases every candidate must also pass."""
     tolerances: Mapping[torch.dtype, Tolerance] = field(default_factory=lambda: DEFAULT_TOLERANCES)
+    grad_argnums: tuple[int, ...] = ()
+    """Positions of the arguments gradients flow to (losses): verified like outputs, and timed forward + backward."""
+    default_shapes: tuple[dict, ...] = ()
+    """Shapes tuned when none are given (CLI, bench): the sizes the flows call the op at."""
+    calls_per_run: int = 100
+    """Expected calls per process of a run: a per-process setup cost (JIT compile) is spread over this many calls."""
 
     def __post_init__(self) -> None:
         if REFERENCE in self.candidates:
@@ -71,6 +109,14 @@ class Op:
     def implementations(self) -> dict[str, Kernel]:
         """The reference and every candidate, by name (reference first)."""
         return {REFERENCE: self.reference, **self.candidates}
+
+    def eligible(self, device: str, opt_in: frozenset[str] | set[str] = frozenset()) -> dict[str, Kernel]:
+        """Candidates that can run on `device` and are not in an opt-in group that was not asked for."""
+        return {
+            name: fn for name, fn in self.candidates.items()
+            if device in getattr(fn, "__kernel_devices__", ("cpu", "cuda"))
+            and getattr(fn, "__kernel_opt_in__", None) in {None, *opt_in}
+        }
 
     def tolerance(self, dtype: torch.dtype) -> Tolerance:
         """Tolerance for outputs of `dtype`; a dtype without one cannot be verified, so it is an error."""

@@ -13,9 +13,12 @@ from typing import Callable
 import torch
 from torch import nn
 
+import kernels
 from rl_core.config import PPOConfig
 from rl_core.policies.mlp import ActorCritic
 from rl_core.seeding import torch_generator
+
+_ppo_loss = kernels.dispatch("ppo_loss")  # the tuned winner for each minibatch size, or the reference
 
 # Averages a flat gradient (or metric) vector across ranks in place; identity for a single process.
 AllReduceMean = Callable[[torch.Tensor], None]
@@ -43,30 +46,21 @@ class RolloutBatch:
 def ppo_loss(
     model: ActorCritic, batch: RolloutBatch, idx: torch.Tensor, adv: torch.Tensor, cfg: PPOConfig
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate + value loss - entropy bonus on samples `idx` with (normalized) advantages `adv`."""
+    """Clipped surrogate + value loss - entropy bonus on samples `idx` with (normalized) advantages `adv`.
+
+    The model's outputs are computed here; the loss arithmetic (and its backward) is the tuned `ppo_loss` kernel,
+    whose reference is this function's former body op for op, so untuned runs are bit-identical to it.
+    """
     dist = model.distribution(batch.obs[idx])
     logprob = dist.log_prob(batch.actions[idx]).sum(-1)
-    log_ratio = logprob - batch.logprobs[idx]
-    ratio = log_ratio.exp()
-    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
-
     value = model.value(batch.obs[idx])
-    v_err = (value - batch.returns[idx]) ** 2
-    if cfg.clip_vloss:
-        old = batch.values[idx]
-        clipped = old + (value - old).clamp(-cfg.clip_coef, cfg.clip_coef)
-        v_err = torch.max(v_err, (clipped - batch.returns[idx]) ** 2)
-    v_loss = 0.5 * v_err.mean()
-    entropy = dist.entropy().sum(-1).mean()
-    loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
-    with torch.no_grad():
-        stats = {
-            "policy_loss": pg_loss.detach(),
-            "value_loss": v_loss.detach(),
-            "entropy": entropy.detach(),
-            "approx_kl": ((ratio - 1) - log_ratio).mean(),  # Schulman's low-variance KL estimator
-            "clip_fraction": ((ratio - 1).abs() > cfg.clip_coef).float().mean(),
-        }
+    entropy = dist.entropy().sum(-1)
+    loss, pg_loss, v_loss, entropy_mean, approx_kl, clip_fraction = _ppo_loss(
+        logprob, batch.logprobs[idx], adv, value, batch.values[idx], batch.returns[idx], entropy,
+        cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss,
+    )
+    stats = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_mean, "approx_kl": approx_kl,
+             "clip_fraction": clip_fraction}
     return loss, stats
 
 

@@ -25,13 +25,14 @@ def tmp_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def make_op() -> Iterator[Callable[..., Op]]:
-    """Register a throw-away variant of the GAE op (own name, chosen reference and candidates); removed afterwards."""
+    """Register a throw-away variant of the GAE op (own name, chosen reference and candidates, other fields as
+    given); removed afterwards."""
     names = []
 
-    def make(candidates: dict, reference: Callable | None = None) -> Op:
+    def make(candidates: dict, reference: Callable | None = None, **changes: object) -> Op:
         gae = get_op("gae")
         op = dataclasses.replace(gae, name=f"gae_test_{next(_op_ids)}", candidates=candidates,
-                                 reference=reference or gae.reference)
+                                 reference=reference or gae.reference, **changes)
         names.append(op.name)
         return register(op)
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import kernels
-from kernels.autotune import main
+from kernels.autotune import tune_bucket
+from kernels.cli import main
 from kernels.gae import gae_doubling, gae_numpy, gae_reference, make_inputs
 
 FAST = {"min_run_time": 0.005}
@@ -152,10 +153,12 @@ def test_report_is_json_serialisable_and_cli_prints_it(make_op) -> None:
     with contextlib.redirect_stdout(stdout):
         assert main(["--ops", op.name, "--shapes", "16x4", "--report", "--min-run-time", "0.005"]) == 0
     text = stdout.getvalue()
-    table, _, payload = text.partition("\n[")
+    table, _, payload = text.partition("\n{")
     assert "numpy" in table and "winner" in table
-    (report,) = json.loads("[" + payload)
+    summary = json.loads("{" + payload)
+    (report,) = summary["ops"]
     assert report["op"] == op.name and report["buckets"][0]["bucket"] == {"T": 16, "N": 4}
+    assert set(summary) >= {"geomean_speedup", "fast_1.0", "fast_1.5", "winners"}
     assert json.loads(json.dumps(kernels.autotune(op.name, [SHAPE], **FAST).to_dict()))["buckets"][0]["cache_hit"]
 
 
@@ -167,3 +170,84 @@ def test_unknown_op_error_names_the_registered_ones() -> None:
 def test_changed_candidate_source_changes_the_cache_key(make_op) -> None:
     """A winner measured for other code must not be reused: the key hashes the implementations' sources."""
     assert make_op({"x": gae_numpy}).source_hash != make_op({"x": gae_doubling}).source_hash
+
+
+class MemorisedCheat:
+    """Right on the inputs verification uses (seeds 0-2, the edge cases), zeros elsewhere, and instant: the kind of
+    "speedup" that re-verification on fresh inputs exists to catch."""
+
+    def __init__(self, op: kernels.Op, shape: dict) -> None:
+        shapes = [shape] * 3 + [{**edge} for edge in op.edge_cases]
+        self.answers = {self._key(op.make_inputs(s, seed)): gae_reference(*op.make_inputs(s, seed))
+                        for s, seed in zip(shapes, [0, 1, 2] + [0] * len(op.edge_cases))}
+
+    @staticmethod
+    def _key(inputs: tuple) -> tuple:
+        return tuple(float(x.sum()) if isinstance(x, torch.Tensor) else x for x in inputs)
+
+    def __call__(self, *inputs):
+        known = self.answers.get(self._key(inputs))
+        return tuple(x.clone() for x in known) if known else (torch.zeros_like(inputs[0]), inputs[1].clone())
+
+
+def test_huge_speedup_failing_on_fresh_inputs_is_rejected(make_op) -> None:
+    op = make_op({"cheat": MemorisedCheat(kernels.get_op("gae"), SHAPE)}, reference=slow_reference)
+    bucket = kernels.autotune(op.name, [SHAPE], **FAST).buckets[0]
+    cheat = bucket.result("cheat")
+    assert not cheat.verified and "not confirmed on fresh inputs" in cheat.reason
+    assert bucket.winner == "reference"
+
+
+def very_slow_reference(*args):
+    time.sleep(0.03)
+    return gae_reference(*args)
+
+
+def test_huge_speedup_that_holds_is_marked_reverified(make_op) -> None:
+    op = make_op({"fast": gae_numpy}, reference=very_slow_reference)
+    fast = kernels.autotune(op.name, [SHAPE], **FAST).buckets[0].result("fast")
+    assert fast.verified and fast.reverified and fast.speedup > 10
+
+
+def test_forced_reference_overrides_a_tuned_winner(make_op, monkeypatch: pytest.MonkeyPatch) -> None:
+    op = make_op({"fast": plain_reference}, reference=slow_reference)
+    assert kernels.autotune(op.name, [SHAPE], **FAST).buckets[0].winner == "fast"
+    monkeypatch.setenv("GYMFLOW_KERNELS", "reference")
+    assert kernels.dispatch(op.name).choose(*make_inputs(SHAPE, 0)) == "reference"
+
+
+@kernels.candidate(opt_in=kernels.COMPILE)
+def opt_in_copy(*args):
+    return gae_reference(*args)
+
+
+def test_opted_in_candidates_make_an_older_cache_entry_a_miss(make_op) -> None:
+    op = make_op({"numpy": gae_numpy, "jit": opt_in_copy})
+    first = kernels.autotune(op.name, [SHAPE], opt_in=frozenset(), **FAST).buckets[0]
+    assert "jit" not in {c.name for c in first.candidates}
+    assert kernels.autotune(op.name, [SHAPE], opt_in=frozenset(), **FAST).buckets[0].cache_hit
+    second = kernels.autotune(op.name, [SHAPE], opt_in=frozenset({kernels.COMPILE}), **FAST).buckets[0]
+    assert not second.cache_hit and second.result("jit").verified
+
+
+class SlowFirstCall:
+    """Fast after a one-off per-process setup of 0.3 s, like a JIT compile."""
+
+    __kernel_per_process_setup__ = True
+
+    def __init__(self) -> None:
+        self.ready = False
+
+    def __call__(self, *args):
+        if not self.ready:
+            time.sleep(0.3)
+            self.ready = True
+        return gae_reference(*args)
+
+
+def test_per_process_setup_is_weighed_against_expected_calls(make_op) -> None:
+    op = make_op({"jit": SlowFirstCall()}, reference=slow_reference)
+    few = tune_bucket(op, SHAPE, calls_per_run=1, opt_in=frozenset(), **FAST)
+    assert few.result("jit").build_s >= 0.25 and few.winner == "reference"
+    op = make_op({"jit": SlowFirstCall()}, reference=slow_reference)
+    assert tune_bucket(op, SHAPE, calls_per_run=10**6, opt_in=frozenset(), **FAST).winner == "jit"

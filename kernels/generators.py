@@ -1,0 +1,155 @@
+"""Candidate generators: code proposed from an op's reference source, checked in a subprocess, kept for review.
+
+Why a subprocess: generated code is untrusted (it may loop, crash the interpreter, or corrupt state), so it is never
+executed in the tuner's process. `kernels.sandbox` loads one proposal, verifies it against the reference on the same
+seeds and edge cases as a built-in candidate, times it, and prints one JSON line; the tuner kills it after a timeout.
+A proposal that passes is saved under `<cache dir>/kernels/generated/<op>/` for a person to read and add to the op's
+module; it is reported, never dispatched, because dispatching it would run it in-process.
+
+`ChatEndpointGenerator` asks any OpenAI-compatible chat endpoint (e.g. `vllm serve MODEL` at http://HOST:8000/v1).
+Configure it with GYMFLOW_KERNEL_GENERATOR_URL and GYMFLOW_KERNEL_GENERATOR_MODEL (and, where the endpoint wants a
+key, GYMFLOW_KERNEL_GENERATOR_API_KEY); without a URL the generator step is skipped with a message saying so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from kernels.cache import cache_dir
+from kernels.registry import Op
+from kernels.report import CandidateResult
+
+SYSTEM_PROMPT = (
+    "You write fast, exactly equivalent PyTorch implementations of reference functions. Answer with one ```python "
+    "code block that defines a function named `candidate` with the reference's parameters and return value. "
+    "You may import torch, numpy and math only. Never modify the arguments in place."
+)
+
+
+class CandidateGenerator(Protocol):
+    """Anything that proposes candidate source code for an op; each text must define `candidate`."""
+
+    name: str
+
+    def propose(self, op: Op, n: int) -> list[str]:
+        """Up to `n` Python sources, each defining a function `candidate` with the reference's signature."""
+        ...
+
+
+class GeneratorUnavailable(RuntimeError):
+    """The generator could not be asked (endpoint down, bad reply); the tuner reports it and carries on."""
+
+
+def reference_prompt(op: Op) -> str:
+    """What a generator is shown: the op's conventions (its module docstring), the reference, the tolerances."""
+    module = sys.modules.get(op.reference.__module__)
+    conventions = (inspect.getdoc(module) or "") if module else ""
+    tolerances = ", ".join(f"{d}: rtol={t.rtol:g} atol={t.atol:g}" for d, t in op.tolerances.items())
+    grads = f" Gradients w.r.t. arguments {list(op.grad_argnums)} must match too." if op.grad_argnums else ""
+    return (f"Op `{op.name}`.\n{conventions}\n\nReference implementation:\n```python\n"
+            f"{inspect.getsource(op.reference)}```\n\nWrite a faster `candidate` whose outputs match within "
+            f"{tolerances}.{grads}")
+
+
+def extract_code(reply: str) -> str:
+    """The first fenced code block of a chat reply, or the whole reply when it has none."""
+    match = re.search(r"```(?:python|py)?[ \t]*\n(.*?)```", reply, re.DOTALL)
+    return match.group(1) if match else reply
+
+
+@dataclass
+class ChatEndpointGenerator:
+    """Proposals from an OpenAI-compatible `/chat/completions` endpoint, asked once for `n` choices."""
+
+    url: str
+    """Base URL of the API, e.g. http://127.0.0.1:8000/v1."""
+    model: str
+    api_key: str | None = None
+    timeout_s: float = 120.0
+    temperature: float = 0.7
+    name: str = "chat"
+
+    def propose(self, op: Op, n: int) -> list[str]:
+        body = {"model": self.model, "n": n, "temperature": self.temperature,
+                "messages": [{"role": "system", "content": SYSTEM_PROMPT},
+                             {"role": "user", "content": reference_prompt(op)}]}
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        endpoint = f"{self.url.rstrip('/')}/chat/completions"
+        request = urllib.request.Request(endpoint, data=json.dumps(body).encode(), headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 - configured URL
+                reply = json.load(response)
+            return [extract_code(choice["message"]["content"]) for choice in reply["choices"]][:n]
+        except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as exc:
+            raise GeneratorUnavailable(f"asking {endpoint} (model {self.model!r}) failed: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+
+
+def generator_from_env() -> tuple[ChatEndpointGenerator | None, str]:
+    """The configured chat generator, or None and why it is skipped."""
+    url = os.environ.get("GYMFLOW_KERNEL_GENERATOR_URL")
+    if not url:
+        return None, ("kernel generator skipped: GYMFLOW_KERNEL_GENERATOR_URL is not set; point it at an "
+                      "OpenAI-compatible endpoint (e.g. http://127.0.0.1:8000/v1 from `vllm serve MODEL`) and set "
+                      "GYMFLOW_KERNEL_GENERATOR_MODEL to propose candidates")
+    model = os.environ.get("GYMFLOW_KERNEL_GENERATOR_MODEL")
+    if not model:
+        return None, (f"kernel generator skipped: GYMFLOW_KERNEL_GENERATOR_URL is {url} but "
+                      "GYMFLOW_KERNEL_GENERATOR_MODEL is not set; set it to the served model's name")
+    generator = ChatEndpointGenerator(url, model, os.environ.get("GYMFLOW_KERNEL_GENERATOR_API_KEY"))
+    return generator, f"kernel generator: {model} at {url}"
+
+
+def evaluate_proposals(
+    op: Op, shape: dict, generator: CandidateGenerator, *, n: int = 2, seeds: int = 3, min_run_time: float = 0.2,
+    timeout_s: float = 300.0,
+) -> list[CandidateResult]:
+    """Ask `generator` for `n` proposals and check each in its own subprocess; verified ones are saved for review."""
+    try:
+        sources = generator.propose(op, n)
+    except GeneratorUnavailable as exc:
+        return [CandidateResult(f"{generator.name}:unavailable", verified=False, reason=str(exc))]
+    return [_evaluate(op, shape, source, generator.name, seeds, min_run_time, timeout_s) for source in sources]
+
+
+def _evaluate(
+    op: Op, shape: dict, source: str, origin: str, seeds: int, min_run_time: float, timeout_s: float
+) -> CandidateResult:
+    digest = hashlib.sha256(source.encode()).hexdigest()[:10]
+    name = f"{origin}:{digest}"
+    with tempfile.TemporaryDirectory(prefix="gymflow-proposal-") as tmp:
+        path = Path(tmp) / f"{op.name}_{digest}.py"
+        path.write_text(source)
+        command = [sys.executable, "-m", "kernels.sandbox", op.name, json.dumps(shape), str(path), str(seeds),
+                   str(min_run_time)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                                  cwd=Path(__file__).resolve().parents[1])
+        except subprocess.TimeoutExpired:
+            return CandidateResult(name, verified=False, reason=f"killed after the {timeout_s:g} s timeout")
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return CandidateResult(name, verified=False, reason=f"sandbox exited with {done.returncode}: {tail}")
+    result = CandidateResult(**{**json.loads(lines[-1]), "name": name})
+    if result.verified:
+        saved = cache_dir() / "kernels" / "generated" / op.name / f"{digest}.py"
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(f"# proposed by {origin} for {op.name} at {shape}; verified, {result.speedup:.2f}x the "
+                         f"reference. Review before adding it to kernels/.\n{source}")
+        result.reason = f"proposal, not dispatched; saved for review to {saved}"
+    return result

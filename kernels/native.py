@@ -1,0 +1,77 @@
+"""C++ candidates: plain C entry points built by `load_inline` and called through ctypes.
+
+Why this shape: with no torch or pybind11 headers a build takes about a second instead of about a minute, so a C++
+candidate can be built on demand the first time it is tried. Libraries land in `<cache dir>/kernels/cpp/<hash>`
+(hash of source, torch version and CPU model and flags), so later processes only load them; the CPU is part of the
+hash because libraries are built with -march=native (AVX2/FMA where present), which another CPU may not run. Any
+reason a library cannot be had (no compiler, no ninja, failed build) is reported as `CandidateUnavailable`, never as
+a wrong answer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from kernels.cache import cache_dir, cpu_signature
+from kernels.registry import CandidateUnavailable
+
+
+def load_function(name: str, source: str, symbol: str, argtypes: tuple) -> Callable[..., None]:
+    """Entry point `symbol` (C linkage, returns void) of the library built from `source`, built on first use."""
+    library = _load(name, source)
+    if isinstance(library, str):
+        raise CandidateUnavailable(library)
+    function = getattr(library, symbol)
+    if function.argtypes is None:
+        function.argtypes, function.restype = list(argtypes), None
+    return function
+
+
+@functools.cache
+def _load(name: str, source: str) -> ctypes.CDLL | str:
+    """Library or the reason it is unavailable; decided once per process (a failed build is not retried per call)."""
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"C++ compiler {compiler!r} not found; install g++ (or set CXX) to enable this candidate"
+    if not cpp_extension.is_ninja_available():
+        return "ninja not found; `pip install ninja` into the venv to enable this candidate"
+    digest = hashlib.sha256((source + torch.__version__ + cpu_signature()).encode()).hexdigest()[:12]
+    build_dir = cache_dir() / "kernels" / "cpp" / digest
+    build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        path = cpp_extension.load_inline(
+            name=f"gymflow_{name}_{digest}", cpp_sources=source, build_directory=str(build_dir),
+            extra_cflags=["-O3", "-march=native"], no_implicit_headers=True, is_python_module=False,
+        )
+        return ctypes.CDLL(path)
+    except Exception as exc:  # noqa: BLE001 - any build or load failure just makes the candidate unavailable
+        return f"building the C++ candidate {name!r} in {build_dir} failed: {type(exc).__name__}: {exc}"
+
+
+def float32_cpu(op: str, *tensors: Tensor) -> list[Tensor]:
+    """`tensors`, made contiguous where they are not, checked to be float32 on CPU (what the C loops read).
+
+    A C loop reading another dtype would read garbage, not raise, so anything else is refused with the reason.
+    Cheap on purpose (no detach, no copies of contiguous tensors): it runs on every call of a microsecond kernel.
+    """
+    if not all(x.dtype is torch.float32 and x.is_cpu for x in tensors):
+        found = {(x.dtype, x.device.type) for x in tensors}
+        raise TypeError(
+            f"this {op} candidate reads float32 CPU memory directly, found "
+            f"{', '.join(sorted(f'{t} on {d}' for t, d in found))}; kernels.dispatch only routes calls it was tuned for"
+        )
+    return [x if x.is_contiguous() else x.contiguous() for x in tensors]
+
+
+PTR, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+"""ctypes argument types of the entry points: pointers are passed as `tensor.data_ptr()`."""
