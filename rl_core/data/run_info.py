@@ -30,6 +30,19 @@ def _comparable(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if k not in CONTINUABLE_FIELDS}
 
 
+def load_run_config(store: str, run_name: str) -> RunConfig:
+    """The configuration run ``run_name`` under ``store`` was started with (its run.json), with ``store`` as
+    given (the run may have been moved since), for steps that act on an existing run."""
+    located = RunConfig.model_validate({"run_name": run_name, "store": store, "iterations": 1})
+    fs, path = fsspec.core.url_to_fs(RunLayout(located.run_url).run_info)
+    try:
+        stored = json.loads(fs.cat_file(path))
+    except FileNotFoundError:
+        raise ConfigError(f"no run {run_name!r} under {located.store} ({path} does not exist); "
+                          "check --run-name and --store") from None
+    return RunConfig.model_validate({**stored["config"], "store": located.store})
+
+
 def open_run(cfg: RunConfig) -> RunInfo:
     """Create the run's run.json, or check that an existing one was made with a compatible config."""
     layout = RunLayout(cfg.run_url)

@@ -1,0 +1,80 @@
+"""PPO in one process, without Prefect, Ray or a store: the reference the orchestrated flow is measured against.
+
+It runs the same pieces the flow's steps run, in the same order and with the same counter-based seeds:
+worker w's envs [w * envs_per_worker, (w + 1) * envs_per_worker) collect with the generator of
+(seed, iteration, env offset); the rollouts are scored together; one PPO update (world size 1) follows.
+So with ``num_ranks=1`` it computes the flow's weights bit for bit; with more ranks the flow differs only by
+float summation order (see ppo.py).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from rl_core.algos.advantages import score_experience
+from rl_core.algos.evaluation import evaluate_learner
+from rl_core.algos.learner import PPOLearner, policy_sha256
+from rl_core.algos.ppo import RolloutBatch, ppo_update, summarize_epochs
+from rl_core.algos.rollout import collect_rollout
+from rl_core.config import RunConfig
+from rl_core.envs import make_batch
+from rl_core.policies.normalizer import Moments
+from rl_core.seeding import derive_seed, torch_generator
+
+
+@dataclass
+class InProcessResult:
+    """What a run produced: the evaluation, the policy hash, and how fast it went."""
+
+    evaluation: dict[str, float]
+    policy_sha256: str
+    env_steps: int
+    wall_s: float
+    iterations: list[dict[str, float]] = field(default_factory=list)
+
+
+def train_in_process(
+    cfg: RunConfig, on_iteration: Callable[[int, dict[str, float]], None] | None = None
+) -> InProcessResult:
+    """Train ``cfg.iterations`` iterations from the seed and evaluate ``cfg.eval_episodes`` episodes."""
+    start = time.perf_counter()
+    envs = [make_batch(cfg.env, cfg.envs_per_worker, cfg.seed, w * cfg.envs_per_worker, cfg.randomization)
+            for w in range(cfg.num_workers)]
+    learner = PPOLearner(envs[0].obs_dim, envs[0].action_dim, cfg.ppo, cfg.seed)
+    discounted = [np.zeros(cfg.envs_per_worker) for _ in envs]
+    history: list[dict[str, float]] = []
+    for iteration in range(cfg.iterations):
+        parts, finished = [], []
+        for w, env in enumerate(envs):
+            generator = torch_generator(cfg.seed, iteration, w * cfg.envs_per_worker)
+            arrays, info = collect_rollout(env, learner, cfg.rollout_steps, cfg.ppo.gamma, discounted[w], generator)
+            parts.append(arrays)
+            finished += info["finished_returns"]
+        scored = score_experience(parts, learner.reward_scale(), cfg.ppo.gamma, cfg.ppo.gae_lambda)
+        metrics = summarize_epochs(_update(cfg, learner, scored, iteration))
+        learner.update_statistics(_moments(scored, "obs_moments"), _moments(scored, "ret_moments"))
+        metrics["mean_return"] = float(np.mean(finished)) if finished else float("nan")
+        history.append(metrics)
+        if on_iteration is not None:
+            on_iteration(iteration, metrics)
+    evaluation = evaluate_learner(cfg, learner, cfg.eval_episodes)
+    return InProcessResult(evaluation, policy_sha256(learner.state()), cfg.iterations * cfg.batch_size,
+                           time.perf_counter() - start, history)
+
+
+def _update(cfg: RunConfig, learner: PPOLearner, scored: dict[str, np.ndarray], iteration: int) -> list[dict]:
+    """The flow's train_shard update with one rank (same generator seed and learning-rate schedule)."""
+    batch = RolloutBatch(*(torch.from_numpy(scored[k]) for k in
+                           ("obs", "actions", "logprobs", "values", "advantages", "returns")))
+    frac = 1.0 - iteration / cfg.iterations if cfg.ppo.anneal_lr else 1.0
+    return ppo_update(learner.model, learner.optimizer, batch, cfg.ppo,
+                      generator_seed=derive_seed(cfg.seed, iteration, 7),
+                      learning_rate=cfg.ppo.learning_rate * max(frac, 0.0))
+
+
+def _moments(scored: dict[str, np.ndarray], name: str) -> Moments:
+    return Moments(float(scored[f"{name}.count"]), scored[f"{name}.mean"], scored[f"{name}.m2"])
