@@ -27,6 +27,7 @@ test: install
 bench: install
 	$(PY) bench/checkpoint.py
 	$(PY) bench/kernels.py
+	$(PY) bench/simulate.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -21,6 +21,7 @@ import atexit
 import json
 import logging
 import math
+import re
 import sys
 import time
 
@@ -30,6 +31,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows import progress
 from rl_core.config import PRESETS, ConfigError, build_config
 from rl_core.data.run_info import open_run
+from rl_core.envs import DynamicsRandomization
 from rl_core.runtime.versions import storage_report
 from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init
 from tasks.evaluate import evaluate
@@ -47,18 +49,24 @@ def train_control(
     seed: int = 0,
     iterations: int | None = None,
     env: str = "HalfCheetah-v5",
+    env_module: str | None = None,
+    randomize_dynamics: float | None = None,
     store: str = "file://./runs",
     num_ranks: int | None = None,
     num_workers: int | None = None,
     envs_per_worker: int | None = None,
     rollout_steps: int | None = None,
 ) -> dict:
-    """Train until the run has `iterations` iterations, then evaluate; returns the run's summary."""
+    """Train until the run has `iterations` iterations, then evaluate; returns the run's summary.
+
+    `env_module` is imported first (here and in every worker) so `env` can name a task it registers;
+    `randomize_dynamics` f scales each env's masses, friction and damping by U(1 - f, 1 + f).
+    """
     started = time.perf_counter()
     cfg = build_config(
         preset, run_name=run_name or default_run_name(env, preset, seed), seed=seed, iterations=iterations,
-        env=env, store=store, num_ranks=num_ranks, num_workers=num_workers,
-        envs_per_worker=envs_per_worker, rollout_steps=rollout_steps,
+        env=env, env_module=env_module, randomization=randomization_of(randomize_dynamics), store=store,
+        num_ranks=num_ranks, num_workers=num_workers, envs_per_worker=envs_per_worker, rollout_steps=rollout_steps,
     )
     logger = get_run_logger()
     run = open_run(cfg)
@@ -98,8 +106,21 @@ def train_control(
 
 
 def default_run_name(env: str, preset: str, seed: int) -> str:
-    """`HalfCheetah-v5-quick-s0`: rerunning the same command continues (or re-reports) the same run."""
-    return f"{env}-{preset}-s{seed}"
+    """`HalfCheetah-v5-quick-s0`: rerunning the same command continues (or re-reports) the same run.
+
+    Characters a run folder name cannot hold (`gym:Pendulum-v1`) become '-'.
+    """
+    return re.sub(r"[^A-Za-z0-9._-]", "-", f"{env}-{preset}-s{seed}")
+
+
+def randomization_of(fraction: float | None) -> DynamicsRandomization | None:
+    """The symmetric randomization of `fraction` (None or 0: none), with a ConfigError for a bad value."""
+    if not fraction:
+        return None
+    try:
+        return DynamicsRandomization.symmetric(fraction)
+    except ValueError as err:
+        raise ConfigError(f"randomize_dynamics: {err}") from None
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -109,7 +130,13 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--preset", default="quick", help=f"one of {', '.join(PRESETS)} (default quick)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--iterations", type=int, help="total iterations of the run (default: the preset's)")
-    parser.add_argument("--env", default="HalfCheetah-v5")
+    parser.add_argument("--env", default="HalfCheetah-v5",
+                        help="task name (default HalfCheetah-v5), or gym:<gymnasium id> for any gymnasium env "
+                             "with Box spaces (slower, not bit-exact on resume)")
+    parser.add_argument("--env-module", help="module to import first so --env can name a task it registers "
+                                             "(e.g. examples.reaching_arm)")
+    parser.add_argument("--randomize-dynamics", type=float, metavar="F",
+                        help="scale each env's masses, friction and damping by U(1-F, 1+F) (default: off)")
     parser.add_argument("--store", default="file://./runs", help="fsspec URL the run folder lives under")
     parser.add_argument("--num-ranks", type=int, help="trainer ranks K (torch.distributed)")
     parser.add_argument("--num-workers", type=int, help="env-worker actors")
@@ -136,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         with progress.terminal_progress(console):
             summary = train_control(
                 run_name=args.run_name, preset=args.preset, seed=args.seed, iterations=args.iterations,
-                env=args.env, store=args.store, num_ranks=args.num_ranks, num_workers=args.num_workers,
+                env=args.env, env_module=args.env_module, randomize_dynamics=args.randomize_dynamics,
+                store=args.store, num_ranks=args.num_ranks, num_workers=args.num_workers,
             )
     except ConfigError as err:
         console.print(f"[red]error:[/red] {err}")

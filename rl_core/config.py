@@ -10,7 +10,9 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rl_core.envs.registry import task_names
+from rl_core.envs.gym_backend import PREFIX as GYM_PREFIX
+from rl_core.envs.randomization import DynamicsRandomization
+from rl_core.envs.registry import import_env_module, validate_env_name
 
 STORE_SCHEMES = ("file", "memory", "s3")
 
@@ -44,7 +46,11 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     run_name: str = Field(description="Names the run's folder in the store; the same name continues the run.")
-    env: str = Field("HalfCheetah-v5", description="Registered task name.")
+    env_module: Optional[str] = Field(
+        None, description="Python module imported first (here and in every worker) to register your own tasks.")
+    env: str = Field("HalfCheetah-v5", description="Registered task name, or gym:<gymnasium id> (slower backend).")
+    randomization: Optional[DynamicsRandomization] = Field(
+        None, description="Per-env mass, friction and damping ranges (native tasks only); None: the MJCF's values.")
     seed: int = Field(0, ge=0)
     iterations: int = Field(ge=1, description="Training iterations (simulate, score, train, checkpoint).")
     store: str = Field("file://./runs", description="fsspec URL under which the run's folder lives.")
@@ -68,12 +74,24 @@ class RunConfig(BaseModel):
             raise ValueError("use letters, digits, '.', '_' or '-' (starting with a letter or digit), at most 100")
         return value
 
+    @field_validator("env_module")
+    @classmethod
+    def _env_module(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None:
+            import_env_module(value)  # registers its tasks; fields validate in order, so `env` can name them
+        return value
+
     @field_validator("env")
     @classmethod
     def _env(cls, value: str) -> str:
-        if value not in task_names():
-            raise ValueError(f"unknown environment {value!r}; allowed: {', '.join(task_names())}")
+        validate_env_name(value)
         return value
+
+    @model_validator(mode="after")
+    def _randomization_needs_native_task(self) -> "RunConfig":
+        if self.randomization is not None and self.env.startswith(GYM_PREFIX):
+            raise ValueError(f"randomization applies to native tasks only, not to the gymnasium backend {self.env}")
+        return self
 
     @field_validator("store")
     @classmethod

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from prefect import task
+from prefect import get_run_logger, task
 
 from rl_core.config import RunConfig
 from tasks.caching import STEP_OPTIONS, step_cache_key
@@ -14,7 +14,12 @@ from tasks.runtime import env_pool
 def simulate(cfg: RunConfig, incarnation: str, iteration: int, version: int) -> dict:
     """Experience shard URIs and rollout metrics of `iteration`, acting with checkpoint `version`."""
     start = time.perf_counter()
-    parts = env_pool(cfg).simulate(iteration, version)
+    pool = env_pool(cfg)
+    replaced = pool.health_check()  # a worker lost since the last step is replaced before, not during, this one
+    if replaced:
+        get_run_logger().warning("env workers %s were dead and have been replaced; they restore version %d",
+                                 replaced, version)
+    parts = pool.simulate(iteration, version)
     seconds = time.perf_counter() - start
     steps = sum(p["env_steps"] for p in parts)
     return {

@@ -9,12 +9,12 @@ import numpy as np
 import torch
 
 from rl_core.algos.learner import PPOLearner
-from rl_core.envs.batched import BatchedMujocoEnv
+from rl_core.envs import BatchedMujocoEnv, GymnasiumBatch
 from rl_core.policies.normalizer import Moments
 
 
 def collect_rollout(
-    env: BatchedMujocoEnv,
+    env: BatchedMujocoEnv | GymnasiumBatch,
     learner: PPOLearner,
     steps: int,
     gamma: float,

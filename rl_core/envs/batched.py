@@ -20,6 +20,10 @@ calls after every step but `mujoco.batch` never runs, and whose Python API has n
 gymnasium's call its last. So for tasks that read them the env copies each env's MjData out and runs it:
 two native calls per env (~20 us each, 3-12% of an Ant or Humanoid batch step measured here), the only
 per-env loop in the step path.
+
+Optional per-env dynamics randomization (`DynamicsRandomization`) gives each simulation its own masses,
+friction and damping through the batch's per-simulation model fields; it is a function of (seed, global env
+index), so restoring a state into a batch built with the same arguments continues exactly.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import mujoco
 import mujoco.batch
 import numpy as np
 
+from rl_core.envs.randomization import DynamicsRandomization, randomize_batch
 from rl_core.envs.task import Task, load_model
 
 # MjData fields only mj_rnePostConstraint computes; zero after a reset, as mj_resetData leaves them and
@@ -55,7 +60,15 @@ class StepResult:
 class BatchedMujocoEnv:
     """`num_envs` copies of `task`, stepped together; envs are numbered globally from `env_offset`."""
 
-    def __init__(self, task: Task, num_envs: int, seed: int, env_offset: int = 0, nthread: int = 1) -> None:
+    def __init__(
+        self,
+        task: Task,
+        num_envs: int,
+        seed: int,
+        env_offset: int = 0,
+        nthread: int = 1,
+        randomization: DynamicsRandomization | None = None,
+    ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         self.task = task
@@ -67,6 +80,11 @@ class BatchedMujocoEnv:
         self.dt = model.opt.timestep * task.frame_skip
         self.action_dim = model.nu
         self._batch = mujoco.batch.Batch(model, nsim=num_envs, nthread=nthread, persistent=True)
+        self.randomization = randomization if randomization and not randomization.is_identity else None
+        # (N, nbody) masses of each env's model, for tasks that weigh bodies (Humanoid's centre of mass)
+        self.body_mass = np.broadcast_to(model.body_mass, (num_envs, model.nbody))
+        if self.randomization:
+            self.body_mass = randomize_batch(self._batch, model, self.randomization, seed, env_offset)
         self._physics = {
             name: self._batch.bind(name)
             for name in PHYSICS_STATE_FIELDS
@@ -80,6 +98,11 @@ class BatchedMujocoEnv:
         }
         self._post_constraint = [name for name in task.derived_fields if name in POST_CONSTRAINT_FIELDS]
         self._scratch = mujoco.MjData(model)  # one env's MjData, copied out for mj_rnePostConstraint
+        # mj_rnePostConstraint needs each env's own model once dynamics differ per env
+        self._post_models = (
+            [self._batch.get_model(i) for i in range(num_envs)] if self.randomization and self._post_constraint
+            else [model] * num_envs
+        )
         self.derived = {
             name: np.zeros((num_envs, *getattr(self._scratch, name).shape)) for name in task.derived_fields
         }
@@ -90,6 +113,16 @@ class BatchedMujocoEnv:
         self.episode_index = np.zeros(num_envs, dtype=np.int64)
         self._reset_envs(np.arange(num_envs))
         self.obs_dim = self.observe().shape[1]
+
+    @property
+    def action_low(self) -> np.ndarray:
+        """(action_dim,) lower bound of the actions `step` accepts (larger ones are clipped)."""
+        return np.full(self.action_dim, self.task.action_low)
+
+    @property
+    def action_high(self) -> np.ndarray:
+        """(action_dim,) upper bound of the actions `step` accepts."""
+        return np.full(self.action_dim, self.task.action_high)
 
     def observe(self) -> np.ndarray:
         """(N, obs_dim) float64 observation of the current state."""
@@ -119,6 +152,11 @@ class BatchedMujocoEnv:
             obs = self.observe()
         return StepResult(obs, reward, terminated, truncated, final_obs, finished)
 
+    def start_new_episodes(self) -> None:
+        """End every env's episode where it stands and start its next one (gymnasium's `reset()` without a seed)."""
+        self.episode_index += 1
+        self._reset_envs(np.arange(self.num_envs))
+
     def _reset_envs(self, ids: np.ndarray) -> None:
         """Reset envs `ids` to the task's reset distribution for their current episode index."""
         self._batch.reset(ids=ids)
@@ -140,7 +178,7 @@ class BatchedMujocoEnv:
         if self._post_constraint:
             for i in range(self.num_envs):
                 self._batch.get_data(i, self._scratch)
-                mujoco.mj_rnePostConstraint(self.model, self._scratch)
+                mujoco.mj_rnePostConstraint(self._post_models[i], self._scratch)
                 for name in self._post_constraint:
                     self.derived[name][i] = getattr(self._scratch, name)
 

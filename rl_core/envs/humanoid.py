@@ -43,9 +43,9 @@ def observation(state: BatchState) -> np.ndarray:
 
 
 def x_position(state: BatchState) -> np.ndarray:
-    """x of the centre of mass: body masses times `xipos` (one substep behind qpos after a step)."""
-    mass = state.model.body_mass
-    return np.einsum("b,nb->n", mass, state.derived["xipos"][:, :, 0]) / mass.sum()
+    """x of the centre of mass: each env's body masses times `xipos` (one substep behind qpos after a step)."""
+    mass = state.body_mass
+    return np.einsum("nb,nb->n", mass, state.derived["xipos"][:, :, 0]) / mass.sum(axis=1)
 
 
 def is_healthy(state: BatchState) -> np.ndarray:

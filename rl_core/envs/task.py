@@ -23,7 +23,8 @@ class BatchState(Protocol):
     qpos: np.ndarray
     qvel: np.ndarray
     derived: Mapping[str, np.ndarray]
-    model: mujoco.MjModel
+    model: mujoco.MjModel  # the task's model as compiled; under randomization envs differ from it (see below)
+    body_mass: np.ndarray  # (num_envs, nbody): each env's own body masses
 
 
 ObservationFn = Callable[[BatchState], np.ndarray]

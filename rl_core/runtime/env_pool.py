@@ -1,10 +1,17 @@
 """W env-worker Ray actors for one run, created once per process and reused across iterations.
 
-Actors are named after the run so a retried step finds the same actors. A worker that died is
-dropped, the step fails with a clear error, and its retry starts a replacement that restores its
-envs from the last committed checkpoint.
+Actors are named after the run and the pool's size, so a retried step finds the same actors. A worker
+that died mid-step is dropped and the step fails with a clear error; its retry starts a replacement that
+restores its envs from the last committed checkpoint. `health_check` does the same between steps without
+a failed attempt, and `resize` re-splits the run's envs over another number of workers between iterations
+(checkpoints hold every env's state in global env order, so any split restores from them).
+
+A resized pool draws other action noise than the original split would (noise is keyed by each worker's
+first env), so a run stays reproducible, but not bit-identical to the same run without the resize.
 """
 from __future__ import annotations
+
+import time
 
 import ray
 
@@ -13,9 +20,20 @@ from rl_core.runtime.env_worker import EnvWorker
 from rl_core.runtime.faults import gymflow_env_vars
 from rl_core.runtime.local_ray import ensure_ray
 
+NAME_RELEASE_TIMEOUT_S = 10.0  # how long a killed actor's name may linger before its replacement takes it
+
 
 class EnvWorkerDied(RuntimeError):
     """An env-worker actor died mid-step; a retry replaces it and restores from the checkpoint."""
+
+
+def env_split(total: int, workers: int) -> list[tuple[int, int]]:
+    """(first env, count) per worker: contiguous, in env order, counts differing by at most one."""
+    if not 1 <= workers <= total:
+        raise ValueError(f"{workers} env workers cannot split {total} envs: use 1 to {total} workers")
+    base, extra = divmod(total, workers)
+    counts = [base + (w < extra) for w in range(workers)]
+    return [(sum(counts[:w]), counts[w]) for w in range(workers)]
 
 
 class EnvWorkerPool:
@@ -24,38 +42,94 @@ class EnvWorkerPool:
     def __init__(self, cfg: RunConfig) -> None:
         ensure_ray(cfg.num_workers + cfg.num_ranks)
         self.cfg = cfg
+        self.total_envs = cfg.num_workers * cfg.envs_per_worker
+        self.num_workers = cfg.num_workers
+        self._split = env_split(self.total_envs, self.num_workers)
         self._actors: dict[int, ray.actor.ActorHandle] = {}
+
+    def _name(self, index: int) -> str:
+        return f"gymflow-{self.cfg.run_name}-env-{index}-of-{self.num_workers}"
 
     def _actor(self, index: int) -> ray.actor.ActorHandle:
         if index not in self._actors:
             remote = ray.remote(num_cpus=1)(EnvWorker).options(
-                name=f"gymflow-{self.cfg.run_name}-env-{index}", get_if_exists=True, max_concurrency=1,
+                name=self._name(index), get_if_exists=True, max_concurrency=1,
                 runtime_env={"env_vars": gymflow_env_vars()},
             )
-            self._actors[index] = remote.remote(self.cfg.model_dump_json(), index)
+            self._actors[index] = remote.remote(self.cfg.model_dump_json(), index, self._split[index])
         return self._actors[index]
 
     def simulate(self, iteration: int, version: int) -> list[dict]:
         """One rollout per worker from checkpoint `version`; per-worker summaries in worker order."""
-        refs = {w: self._actor(w).simulate.remote(iteration, version) for w in range(self.cfg.num_workers)}
+        refs = {w: self._actor(w).simulate.remote(iteration, version) for w in range(self.num_workers)}
         return [self._get(w, ref) for w, ref in refs.items()]
 
     def evaluate(self, version: int, episodes: int) -> dict:
         """Deterministic-policy and random-policy returns of `version`, on worker 0."""
         return self._get(0, self._actor(0).evaluate.remote(version, episodes))
 
+    def health_check(self, timeout_s: float = 300.0) -> list[int]:
+        """Ping every worker (starting any not yet started); replace the dead or unresponsive ones.
+
+        Call it between steps: a worker answers after its current call. Replacements restore their envs
+        and policy from the checkpoint their next step names. Returns the indices replaced.
+        """
+        refs = {w: self._actor(w).ping.remote() for w in range(self.num_workers)}
+        deadline = time.monotonic() + timeout_s
+        replaced = []
+        for w, ref in refs.items():
+            try:
+                ray.get(ref, timeout=max(deadline - time.monotonic(), 0.0))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                replaced.append(w)
+        self._discard(replaced)
+        for w in replaced:
+            self._actor(w)
+        return replaced
+
+    def nodes(self) -> list[str]:
+        """The Ray node id each worker runs on, in worker order (starting workers not yet started)."""
+        return [info["node"] for info in ray.get([self._actor(w).ping.remote() for w in range(self.num_workers)])]
+
+    def resize(self, num_workers: int, timeout_s: float = 600.0) -> float:
+        """Between iterations: the same envs over `num_workers` new workers; returns seconds until all answer."""
+        split = env_split(self.total_envs, num_workers)
+        self.shutdown()
+        self.num_workers, self._split = num_workers, split
+        started = time.perf_counter()
+        refs = [self._actor(w).ping.remote() for w in range(num_workers)]
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if pending:
+            cpus = ray.cluster_resources().get("CPU", 0)
+            raise TimeoutError(f"only {len(ready)} of {num_workers} env workers of run {self.cfg.run_name} started "
+                               f"within {timeout_s:.0f} s; each asks for 1 CPU and the cluster has {cpus:g}")
+        ray.get(ready)  # surfaces a worker that failed to start
+        return time.perf_counter() - started
+
     def _get(self, index: int, ref: ray.ObjectRef):
         try:
             return ray.get(ref)
         except ray.exceptions.RayActorError as err:
-            dead = self._actors.pop(index, None)
-            if dead is not None:
-                ray.kill(dead, no_restart=True)
+            self._discard([index])
             raise EnvWorkerDied(f"env worker {index} of run {self.cfg.run_name} died: {err}; "
                                 "a retry starts a replacement from the last checkpoint") from err
 
+    def _discard(self, indices: list[int]) -> None:
+        """Kill workers `indices` and wait until their names are free, so replacements are new actors."""
+        names = [self._name(i) for i in indices if i in self._actors]
+        for index in indices:
+            actor = self._actors.pop(index, None)
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+        deadline = time.monotonic() + NAME_RELEASE_TIMEOUT_S
+        for name in names:
+            while time.monotonic() < deadline:
+                try:
+                    ray.get_actor(name)
+                except ValueError:
+                    break
+                time.sleep(0.05)
+
     def shutdown(self) -> None:
         """Stop this pool's actors."""
-        for actor in self._actors.values():
-            ray.kill(actor, no_restart=True)
-        self._actors.clear()
+        self._discard(list(self._actors))

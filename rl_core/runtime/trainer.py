@@ -20,7 +20,7 @@ from rl_core.algos.ppo import RolloutBatch, ppo_update, summarize_epochs
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout, read_tensors, write_tensors
-from rl_core.envs import BatchedMujocoEnv, get_task
+from rl_core.envs import make_batch
 from rl_core.policies.normalizer import Moments
 from rl_core.runtime.faults import maybe_fail
 from rl_core.seeding import derive_seed
@@ -35,7 +35,7 @@ class TrainerRank:
         self.rank, self.world_size = rank, world_size
         self.layout = RunLayout(self.cfg.run_url)
         self.store = CheckpointStore(self.layout.checkpoints, full_every=self.cfg.full_every)
-        probe = BatchedMujocoEnv(get_task(self.cfg.env), 1, seed=0)
+        probe = make_batch(self.cfg.env, 1, seed=0)  # only for the observation and action sizes
         self.learner = PPOLearner(probe.obs_dim, probe.action_dim, self.cfg.ppo, self.cfg.seed)
         self.learner_version: int | None = None
         self._completed: tuple[int, int, dict[str, float]] | None = None  # (iteration, version, metrics)

@@ -1,0 +1,244 @@
+"""Simulation throughput, latency and Ray pool start-up, all in one run so the ratios are comparable.
+
+For HalfCheetah, Ant and Humanoid (v5), env steps per second (1 env step = frame_skip physics steps) of:
+- the physical limit: one process per core, each stepping one MjData with `mujoco.rollout.rollout` (a whole
+  episode in C per call, random controls held for frame_skip substeps, no Python per step). Its episodes
+  start from the task's reset distribution and last as long as ours did on average under the same random
+  actions (at most 200 steps per call): a fallen Humanoid lying in contact steps slower than one that is
+  reset after ~20 steps, so the limit must see the same states to be a limit;
+- ours: `BatchedMujocoEnv` with 64 and 256 envs on `nthread = cores`, observations, rewards, terminations and
+  auto-resets included;
+- EnvPool (if installed) with the same envs and thread count; gymnasium `SyncVectorEnv` with the same envs;
+  gymnasium `AsyncVectorEnv` with one process per env, capped at 4 per core (`--async-envs`): more processes
+  than that only add memory and context switches on a small machine.
+Then the per-call latency of a 64-env HalfCheetah batch step (ours, p50/p99) against raw stepping of the same
+batch (`mujoco.batch.Batch.step(nstep=frame_skip)` with controls written, nothing else), and the seconds per
+actor to start an `EnvWorkerPool` of 2 actors and resize it to 8, 32, 128. Each actor is a Python process
+of ~0.4 GB (torch, MuJoCo): sizes above `--max-actors` (default 32), or that would not fit in free memory,
+are skipped and reported as such.
+
+    python bench/simulate.py [--quick] [--seconds 2] [--max-actors 32]
+
+Random actions are uniform in each task's range. Figures on a shared machine move; compare the ratios.
+Last line: one JSON object (ratios named `<task>_vs_<baseline>`, latency ratios, pool seconds per actor).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+from typing import Callable
+
+import gymnasium
+import mujoco
+import mujoco.batch
+import mujoco.rollout
+import numpy as np
+
+from rl_core.config import build_config
+from rl_core.envs import BatchedMujocoEnv, get_task
+from rl_core.envs.task import load_model
+from rl_core.runtime.env_pool import EnvWorkerPool
+from rl_core.runtime.local_ray import ensure_ray
+
+TASKS = {"halfcheetah": "HalfCheetah-v5", "ant": "Ant-v5", "humanoid": "Humanoid-v5"}
+ACTOR_MEMORY_GB = 0.5  # measured peak RSS of one env-worker actor is ~0.38 GB; keep a margin
+ACTION_BANK = 64  # distinct random action batches, cycled
+
+
+def random_actions(name: str, num_envs: int, seed: int = 0) -> np.ndarray:
+    """(ACTION_BANK, num_envs, action_dim) uniform actions in the task's range."""
+    task = get_task(name)
+    nu = load_model(task).nu
+    return np.random.default_rng(seed).uniform(task.action_low, task.action_high, (ACTION_BANK, num_envs, nu))
+
+
+def timed_rate(step: Callable[[np.ndarray], object], actions: np.ndarray, seconds: float) -> tuple[float, int]:
+    """(env steps per second, calls made) of `step(actions[i])`, cycling the bank, after a warm-up of 10 calls."""
+    for a in actions[:10]:
+        step(a)
+    calls, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        step(actions[calls % len(actions)])
+        calls += 1
+    return calls * actions.shape[1] / elapsed, calls + 10
+
+
+def reset_states(name: str, count: int) -> np.ndarray:
+    """(count, nstate) full physics states drawn from the task's reset distribution."""
+    task = get_task(name)
+    model = load_model(task)
+    data = mujoco.MjData(model)
+    spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
+    states = np.empty((count, mujoco.mj_stateSize(model, spec)))
+    for i in range(count):
+        mujoco.mj_resetData(model, data)
+        data.qpos[:], data.qvel[:] = task.reset(model.qpos0.copy(), np.zeros(model.nv), np.random.default_rng(i))
+        mujoco.mj_getState(model, data, states[i], spec)
+    return states
+
+
+def _limit_process(job: tuple[str, int, float]) -> float:
+    """One core's raw rate: one `mujoco.rollout` call per episode of `episode_steps` env steps."""
+    name, episode_steps, seconds = job
+    task = get_task(name)
+    model = load_model(task)
+    data = mujoco.MjData(model)
+    starts = reset_states(name, ACTION_BANK)
+    controls = np.repeat(random_actions(name, episode_steps)[:, :, None, :], task.frame_skip, axis=2)
+    controls = controls.reshape(ACTION_BANK, 1, episode_steps * task.frame_skip, model.nu)
+    episodes, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        i = episodes % ACTION_BANK
+        mujoco.rollout.rollout(model, data, starts[i:i + 1], controls[i])
+        episodes += 1
+    return episodes * episode_steps / elapsed
+
+
+def physical_limit(name: str, episode_steps: int, cores: int, seconds: float) -> float:
+    """Sum of the per-process raw rates of `cores` processes stepping at the same time."""
+    with multiprocessing.get_context("fork").Pool(cores) as pool:
+        return float(sum(pool.map(_limit_process, [(name, episode_steps, seconds)] * cores)))
+
+
+def ours(name: str, num_envs: int, cores: int, seconds: float) -> tuple[float, int]:
+    """(env steps per second, mean length of the episodes that ended, capped at 200 steps)."""
+    env = BatchedMujocoEnv(get_task(name), num_envs, seed=0, nthread=cores)
+    rate, calls = timed_rate(env.step, random_actions(name, num_envs), seconds)
+    ended = int(env.episode_index.sum())
+    mean_length = (calls * num_envs - int(env.episode_step.sum())) / ended if ended else 200
+    return rate, int(np.clip(round(mean_length), 1, 200))
+
+
+def envpool_rate(name: str, num_envs: int, cores: int, seconds: float) -> float | None:
+    try:
+        import envpool
+    except ImportError:
+        return None
+    env = envpool.make_gymnasium(name, num_envs=num_envs, batch_size=num_envs, num_threads=cores, seed=0)
+    env.reset()
+    return timed_rate(env.step, random_actions(name, num_envs), seconds)[0]
+
+
+def gym_rate(name: str, num_envs: int, seconds: float, asynchronous: bool) -> float:
+    vector = gymnasium.vector.AsyncVectorEnv if asynchronous else gymnasium.vector.SyncVectorEnv
+    env = vector([lambda: gymnasium.make(name)] * num_envs)
+    env.reset(seed=0)
+    try:
+        return timed_rate(env.step, random_actions(name, num_envs).astype(np.float32), seconds)[0]
+    finally:
+        env.close()
+
+
+def percentiles(times: list[float]) -> tuple[float, float]:
+    """(p50, p99) in milliseconds."""
+    p50, p99 = np.percentile(np.array(times) * 1e3, [50, 99])
+    return float(p50), float(p99)
+
+
+def latency(name: str, num_envs: int, cores: int, calls: int) -> dict[str, float]:
+    """Per-call times of our batch step and of raw batched stepping of the same model, envs and threads."""
+    task = get_task(name)
+    actions = random_actions(name, num_envs)
+    env = BatchedMujocoEnv(task, num_envs, seed=0, nthread=cores)
+    raw = mujoco.batch.Batch(load_model(task), nsim=num_envs, nthread=cores, persistent=True)
+    ctrl = raw.bind("ctrl")
+
+    def raw_step(a: np.ndarray) -> None:
+        ctrl[:] = a
+        raw.step(nstep=task.frame_skip)
+
+    result = {}
+    for label, step in (("ours", env.step), ("raw", raw_step)):
+        for a in actions[:20]:
+            step(a)
+        times = []
+        for i in range(calls):
+            start = time.perf_counter()
+            step(actions[i % ACTION_BANK])
+            times.append(time.perf_counter() - start)
+        result[f"{label}_p50_ms"], result[f"{label}_p99_ms"] = percentiles(times)
+    return result
+
+
+def available_gb() -> float:
+    """MemAvailable from /proc/meminfo (Linux): memory new processes can take without swapping."""
+    with open("/proc/meminfo") as meminfo:
+        fields = dict(line.split(":", 1) for line in meminfo)
+    return int(fields["MemAvailable"].split()[0]) / 2**20
+
+
+def pool_startup(sizes: list[int], max_actors: int) -> dict[str, float | str]:
+    """Seconds per actor to start a pool of sizes[0] actors, then to resize it to each later size."""
+    ensure_ray(max(sizes) + 2)  # logical CPUs: actors ask for one each
+    results: dict[str, float | str] = {}
+    with tempfile.TemporaryDirectory(prefix="gymflow-bench-pool-") as store:
+        cfg = build_config("tiny", run_name="bench-pool", store=f"file://{store}", num_workers=2,
+                           envs_per_worker=max(sizes) // 2, num_ranks=1)
+        pool = EnvWorkerPool(cfg)
+        try:
+            for size in sizes:
+                free_gb = available_gb() + (pool.num_workers * ACTOR_MEMORY_GB if results else 0.0)  # freed first
+                if size > max_actors or size * ACTOR_MEMORY_GB > 0.8 * free_gb:
+                    results[str(size)] = (f"skipped: needs ~{size * ACTOR_MEMORY_GB:.0f} GB, {free_gb:.0f} GB free, "
+                                          f"--max-actors {max_actors}")
+                    continue
+                results[str(size)] = round(pool.resize(size) / size, 3)
+        finally:
+            pool.shutdown()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="0.5 s per figure, 64 envs only, pool up to 8 actors")
+    parser.add_argument("--seconds", type=float, default=2.0, help="measuring time per throughput figure")
+    parser.add_argument("--max-actors", type=int, default=32, help="largest pool size to start (0.4 GB each)")
+    parser.add_argument("--async-envs", type=int, help="AsyncVectorEnv processes (default: 4 per core, <= 64)")
+    parser.add_argument("--latency-calls", type=int, default=3000)
+    args = parser.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    seconds = 0.5 if args.quick else args.seconds
+    batch_sizes = [64] if args.quick else [64, 256]
+    async_envs = args.async_envs or min(64, 4 * cores)
+    print(f"cores {cores}; {seconds} s per figure; env steps per second (1 env step = frame_skip physics steps)")
+    out: dict[str, object] = {"cores": cores}
+    for key, name in TASKS.items():
+        figures, episode_steps = {}, 200
+        for n in batch_sizes:
+            figures[f"ours_{n}"], length = ours(name, n, cores, seconds)
+            episode_steps = length if n == 64 else episode_steps
+        figures["limit"] = physical_limit(name, episode_steps, cores, seconds)
+        pool_rate = envpool_rate(name, 64, cores, seconds)
+        if pool_rate is not None:
+            figures["envpool_64"] = pool_rate
+        figures["gym_sync_64"] = gym_rate(name, 64, seconds, asynchronous=False)
+        figures[f"gym_async_{async_envs}"] = gym_rate(name, async_envs, seconds, asynchronous=True)
+        print(f"{name:16s} " + "  ".join(f"{k} {v:7.0f}" for k, v in figures.items())
+              + f"  (episodes of {episode_steps} steps in the limit)")
+        best = figures["ours_64"]
+        out[f"{key}_vs_limit"] = round(best / figures["limit"], 3)
+        out[f"{key}_vs_envpool"] = round(best / pool_rate, 3) if pool_rate else "envpool not installed"
+        out[f"{key}_vs_gym_sync"] = round(best / figures["gym_sync_64"], 3)
+        out[f"{key}_steps_per_s"] = {k: round(v) for k, v in figures.items()}
+        out[f"{key}_limit_episode_steps"] = episode_steps
+    calls = 500 if args.quick else args.latency_calls
+    lat = latency("HalfCheetah-v5", 64, cores, calls)
+    print("HalfCheetah 64 envs, one batch step (ms): " + "  ".join(f"{k} {v:.3f}" for k, v in lat.items()))
+    out["latency_ms"] = {k: round(v, 4) for k, v in lat.items()}
+    out["latency_p99_over_p50"] = round(lat["ours_p99_ms"] / lat["ours_p50_ms"], 3)
+    out["batch_step_over_raw"] = round(lat["ours_p50_ms"] / lat["raw_p50_ms"], 3)
+    sizes = [2, 8] if args.quick else [2, 8, 32, 128]
+    per_actor = pool_startup(sizes, min(args.max_actors, max(sizes)))
+    print("EnvWorkerPool start/resize, seconds per actor: " + "  ".join(f"{k}: {v}" for k, v in per_actor.items()))
+    measured = [v for v in per_actor.values() if isinstance(v, float)]
+    out["pool_seconds_per_actor_by_size"] = per_actor
+    out["pool_seconds_per_actor"] = max(measured) if measured else None
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
