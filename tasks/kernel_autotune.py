@@ -7,23 +7,40 @@ shown as a table artifact (re-made on every run, cache hits included).
 """
 from __future__ import annotations
 
+import json
+
+import fsspec
 from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 import kernels
 from rl_core.config import RunConfig
+from rl_core.data import RunLayout
 from tasks.caching import STEP_OPTIONS
+
+
+def hot_op_shapes(cfg: RunConfig) -> dict[str, dict]:
+    """The shapes this run calls its dispatched ops with: GAE over the whole rollout, the PPO loss on one
+    rank's share of a minibatch."""
+    return {
+        "gae": {"T": cfg.rollout_steps, "N": cfg.num_workers * cfg.envs_per_worker},
+        "ppo_loss": {"B": cfg.ppo.minibatch_size // cfg.num_ranks},
+    }
 
 
 @task(name="kernel_autotune", cache_policy=NO_CACHE, **STEP_OPTIONS)
 def kernel_autotune(cfg: RunConfig) -> dict:
-    """Tune GAE for this run's rollout shape; returns winners and whether each was a cache hit."""
-    shape = {"T": cfg.rollout_steps, "N": cfg.num_workers * cfg.envs_per_worker}
-    report = kernels.autotune("gae", [shape])
-    fast = {p: kernels.fast_p([report], p) for p in (1.0, 1.5)}
+    """Tune the run's hot ops for its shapes; returns winners and whether each was a cache hit. The report
+    is also written into the run's folder, so the run records which implementations computed it."""
+    reports = [kernels.autotune(op, [shape]) for op, shape in hot_op_shapes(cfg).items()]
+    fast = {p: kernels.fast_p(reports, p) for p in (1.0, 1.5)}
     create_table_artifact(
-        key="kernel-autotune", table=report.rows(),
+        key="kernel-autotune", table=[row for report in reports for row in report.rows()],
         description=f"Kernel candidates per shape bucket; fast_1.0 = {fast[1.0]:.0%}, fast_1.5 = {fast[1.5]:.0%}.",
     )
-    return report.to_dict()
+    result = {"ops": [report.to_dict() for report in reports], "fast_1.0": fast[1.0], "fast_1.5": fast[1.5]}
+    fs, path = fsspec.core.url_to_fs(RunLayout(cfg.run_url).kernel_report)
+    fs.makedirs(fs._parent(path), exist_ok=True)
+    fs.pipe_file(path, json.dumps(result, indent=2).encode())
+    return result

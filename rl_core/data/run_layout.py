@@ -15,6 +15,11 @@ class RunLayout:
         return f"{self.run_url}/checkpoints"
 
     @property
+    def kernel_report(self) -> str:
+        """Which kernel implementations the run's hot ops were tuned to (copied from the machine's cache)."""
+        return f"{self.run_url}/kernels/autotune.json"
+
+    @property
     def run_info(self) -> str:
         return f"{self.run_url}/run.json"
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 import pytest
@@ -43,12 +44,15 @@ def test_tiny_run_commits_every_iteration_and_evaluates(tmp_path) -> None:
     names = sorted(_task_names(state.state_details.flow_run_id))
     assert names.count("simulate") == 2 and names.count("score") == 2 and names.count("checkpoint_diff") == 2
     assert names.count("train_shard") == 4 and names.count("kernel_autotune") == 1
+    tuned = json.loads((tmp_path / "runs" / "e2e" / "kernels" / "autotune.json").read_text())
+    assert [op["op"] for op in tuned["ops"]] == ["gae", "ppo_loss"] and tuned == summary["kernels"]
 
 
 def test_same_seed_same_weights_and_same_name_continues(tmp_path) -> None:
     a = _run(tmp_path, run_name="a", seed=3)
     b = _run(tmp_path, run_name="b", seed=3)
     assert a["policy_sha256"] == b["policy_sha256"]
+    assert all(bucket["cache_hit"] for op in b["kernels"]["ops"] for bucket in op["buckets"])  # tuned once per machine
     again = _run(tmp_path, run_name="a", seed=3)  # nothing left to do: same weights, no new steps
     assert again["policy_sha256"] == a["policy_sha256"] and again["env_steps"] == a["env_steps"]
     longer = _run(tmp_path, run_name="a", seed=3, iterations=3)
@@ -74,3 +78,13 @@ def test_same_name_with_other_settings_is_refused(tmp_path) -> None:
     _run(tmp_path, run_name="c", seed=1, iterations=1)
     with pytest.raises(ConfigError, match="seed: was 1, now 2"):
         _run(tmp_path, run_name="c", seed=2, iterations=1)
+
+
+@pytest.mark.parametrize(
+    ("env", "env_module"), [("ReachingArm-v0", "examples.reaching_arm"), ("gym:Pendulum-v1", None)]
+)
+def test_a_task_of_your_own_and_a_gymnasium_backend_train_by_name(tmp_path, env: str, env_module) -> None:
+    """Ray workers import the task module themselves (through the config) and step the named env."""
+    summary = _run(tmp_path, env=env, env_module=env_module, iterations=1)
+    assert summary["env_steps"] == 2 * 4 * 16 and len(summary["policy_sha256"]) == 64
+    assert CheckpointStore(f"{summary['run_dir']}/checkpoints").versions() == [0, 1]
