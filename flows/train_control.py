@@ -56,6 +56,7 @@ def train_control(
     num_workers: int | None = None,
     envs_per_worker: int | None = None,
     rollout_steps: int | None = None,
+    eval_episodes: int | None = None,
 ) -> dict:
     """Train until the run has `iterations` iterations, then evaluate; returns the run's summary.
 
@@ -67,6 +68,7 @@ def train_control(
         preset, run_name=run_name or default_run_name(env, preset, seed), seed=seed, iterations=iterations,
         env=env, env_module=env_module, randomization=randomization_of(randomize_dynamics), store=store,
         num_ranks=num_ranks, num_workers=num_workers, envs_per_worker=envs_per_worker, rollout_steps=rollout_steps,
+        eval_episodes=eval_episodes,
     )
     logger = get_run_logger()
     run = open_run(cfg)
@@ -140,6 +142,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--store", default="file://./runs", help="fsspec URL the run folder lives under")
     parser.add_argument("--num-ranks", type=int, help="trainer ranks K (torch.distributed)")
     parser.add_argument("--num-workers", type=int, help="env-worker actors")
+    parser.add_argument("--eval-episodes", type=int, help="deterministic episodes of the final evaluation (default 5)")
     parser.add_argument("--verbose", action="store_true", help="show Prefect's task-run logs too")
     return parser.parse_args(argv)
 
@@ -165,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_name=args.run_name, preset=args.preset, seed=args.seed, iterations=args.iterations,
                 env=args.env, env_module=args.env_module, randomize_dynamics=args.randomize_dynamics,
                 store=args.store, num_ranks=args.num_ranks, num_workers=args.num_workers,
+                eval_episodes=args.eval_episodes,
             )
     except ConfigError as err:
         console.print(f"[red]error:[/red] {err}")

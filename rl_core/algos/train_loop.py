@@ -33,7 +33,8 @@ class InProcessResult:
     evaluation: dict[str, float]
     policy_sha256: str
     env_steps: int
-    wall_s: float
+    train_s: float  # collection + updates
+    wall_s: float  # train_s + the final evaluation
     iterations: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -61,8 +62,9 @@ def train_in_process(
         history.append(metrics)
         if on_iteration is not None:
             on_iteration(iteration, metrics)
+    train_s = time.perf_counter() - start
     evaluation = evaluate_learner(cfg, learner, cfg.eval_episodes)
-    return InProcessResult(evaluation, policy_sha256(learner.state()), cfg.iterations * cfg.batch_size,
+    return InProcessResult(evaluation, policy_sha256(learner.state()), cfg.iterations * cfg.batch_size, train_s,
                            time.perf_counter() - start, history)
 
 

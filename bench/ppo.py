@@ -1,0 +1,151 @@
+"""PPO against stable-baselines3 at the same env-step budget: speed, final return, orchestration overhead.
+
+Systems, per task and seed, run one after another (so they get the machine alike):
+
+- ``direct``: gymflow's PPO through ``rl_core`` in one process (``rl_core.algos.train_loop``);
+- ``flow``: the same configuration through the Prefect flow (``python -m flows.train_control`` in a subprocess:
+  Prefect, Ray env workers, torch.distributed train shards, a delta checkpoint every iteration);
+- ``sb3``: stable-baselines3 PPO on gymnasium's v5 env with the same hyper-parameters where SB3 has them
+  (64 envs in a DummyVecEnv, 128 steps each, minibatch 512, 10 epochs, lr 3e-4 annealed to 0, gamma 0.99,
+  GAE 0.95, clip 0.2, value coef 0.5, max grad norm 0.5, 64x64 tanh actor and critic, log-std 0, orthogonal
+  init, VecNormalize for observations and rewards).
+
+Env steps/s = env steps / wall time of training (collection + updates; for the flow, the whole flow as its own
+summary reports it: Ray start-up, tuning, checkpoints and the final evaluation included). Orchestration overhead
+= the flow's wall time / the direct run's (training + final evaluation). Final return = mean of
+``EVAL_EPISODES`` deterministic episodes. Each process uses one torch thread. Last line: one JSON object.
+
+Run: ``python bench/ppo.py [--budget 300000] [--seeds 0,1,2] [--tasks HalfCheetah-v5,Hopper-v5]``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+# Run as a script, this file's folder comes first on sys.path and bench/kernels.py would shadow the `kernels`
+# package rl_core imports; the repository root goes there instead.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from rl_core.algos.train_loop import train_in_process  # noqa: E402
+from rl_core.config import RunConfig, build_config  # noqa: E402
+
+EVAL_EPISODES = 10
+
+
+def config(task: str, seed: int, budget: int, store: str) -> RunConfig:
+    """The quick preset's shapes with as many iterations as the budget allows."""
+    batch = build_config("quick", run_name="probe", env=task).batch_size
+    return build_config("quick", run_name=f"bench-{task}-s{seed}", env=task, seed=seed,
+                        iterations=max(1, budget // batch), eval_episodes=EVAL_EPISODES, store=store)
+
+
+def run_direct(cfg: RunConfig) -> dict[str, Any]:
+    result = train_in_process(cfg)
+    return {"env_steps": result.env_steps, "train_s": result.train_s, "wall_s": result.wall_s,
+            "final_return": result.evaluation["final_return"]}
+
+
+def run_flow(cfg: RunConfig) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "flows.train_control", "--preset", "quick", "--env", cfg.env, "--seed",
+           str(cfg.seed), "--iterations", str(cfg.iterations), "--eval-episodes", str(cfg.eval_episodes),
+           "--run-name", cfg.run_name, "--store", cfg.store]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"env_steps": line["env_steps"], "train_s": line["wall_s"], "wall_s": line["wall_s"],
+            "cmd_s": time.perf_counter() - start, "final_return": line["final_return"]}
+
+
+def run_sb3(cfg: RunConfig) -> dict[str, Any]:
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    p = cfg.ppo
+    n_envs = cfg.num_workers * cfg.envs_per_worker
+    venv = VecNormalize(make_vec_env(cfg.env, n_envs=n_envs, seed=cfg.seed, vec_env_cls=DummyVecEnv), gamma=p.gamma)
+    model = PPO(
+        "MlpPolicy", venv, n_steps=cfg.rollout_steps, batch_size=p.minibatch_size, n_epochs=p.update_epochs,
+        learning_rate=lambda remaining: p.learning_rate * remaining, gamma=p.gamma, gae_lambda=p.gae_lambda,
+        clip_range=p.clip_coef, ent_coef=p.ent_coef, vf_coef=p.vf_coef, max_grad_norm=p.max_grad_norm,
+        policy_kwargs={"net_arch": {"pi": list(p.hidden), "vf": list(p.hidden)}, "activation_fn": torch.nn.Tanh,
+                       "log_std_init": p.log_std_init},
+        seed=cfg.seed, device="cpu", verbose=0,
+    )
+    steps = cfg.iterations * cfg.batch_size
+    start = time.perf_counter()
+    model.learn(total_timesteps=steps)
+    train_s = time.perf_counter() - start
+    venv.training, venv.norm_reward = False, False
+    eval_env = VecNormalize(make_vec_env(cfg.env, n_envs=1, seed=cfg.seed + 10_000, vec_env_cls=DummyVecEnv),
+                            training=False, norm_reward=False)
+    eval_env.obs_rms = venv.obs_rms
+    mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=cfg.eval_episodes, deterministic=True)
+    return {"env_steps": steps, "train_s": train_s, "final_return": float(mean)}
+
+
+SYSTEMS = {"direct": run_direct, "flow": run_flow, "sb3": run_sb3}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=int, default=300_000, help="env steps per run (default 300k; try 1M)")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--tasks", default="HalfCheetah-v5,Hopper-v5")
+    parser.add_argument("--systems", default="direct,flow,sb3")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    systems = args.systems.split(",")
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for task in args.tasks.split(","):
+            for seed in seeds:
+                cfg = config(task, seed, args.budget, f"file://{tmp}/runs")
+                for name in systems:
+                    r = SYSTEMS[name](cfg)
+                    r["sps"] = r["env_steps"] / r["train_s"]
+                    results.setdefault(task, {}).setdefault(name, []).append(r)
+                    print(f"{task:<16} seed {seed} {name:<6} {r['env_steps']:>8} steps in {r['train_s']:7.1f} s = "
+                          f"{r['sps']:7.0f} steps/s, final return {r['final_return']:8.1f}"
+                          + (f" (whole command {r['cmd_s']:.1f} s)" if "cmd_s" in r else ""), flush=True)
+    summary: dict[str, Any] = {"budget": args.budget, "seeds": seeds}
+    for task, by_system in results.items():
+        key = task.split("-")[0].lower()
+        mean = {n: {k: statistics.mean(r.get(k, r["train_s"]) for r in rs) for k in ("sps", "final_return", "wall_s")}
+                for n, rs in by_system.items()}
+        for n, m in mean.items():
+            print(f"{task:<16} {n:<6} mean {m['sps']:7.0f} steps/s, final return {m['final_return']:8.1f} "
+                  f"(std {np.std([r['final_return'] for r in by_system[n]]):.1f})")
+        if "sb3" in mean:
+            summary[f"sps_vs_sb3_{key}"] = round(mean["direct"]["sps"] / mean["sb3"]["sps"], 3) if "direct" in mean else None
+            summary[f"return_sb3_{key}"] = round(mean["sb3"]["final_return"], 1)
+            if "flow" in mean:
+                summary[f"flow_sps_vs_sb3_{key}"] = round(mean["flow"]["sps"] / mean["sb3"]["sps"], 3)
+        gymflow = mean.get("direct") or mean.get("flow")
+        if gymflow:
+            summary[f"return_gymflow_{key}"] = round(gymflow["final_return"], 1)
+        if "flow" in mean and "direct" in mean:
+            summary[f"flow_overhead_{key}"] = round(mean["flow"]["wall_s"] / mean["direct"]["wall_s"], 3)
+    overheads = [v for k, v in summary.items() if k.startswith("flow_overhead_")]
+    summary["flow_overhead"] = round(max(overheads), 3) if overheads else None
+    summary["cpu_count"] = os.cpu_count()
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
