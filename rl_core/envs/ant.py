@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rl_core.envs.reset_noise import uniform_normal_reset
 from rl_core.envs.task import BatchState, Task
 
 FORWARD_REWARD_WEIGHT = 1.0
@@ -61,12 +62,6 @@ def terminated(state: BatchState) -> np.ndarray:
     return ~is_healthy(state)
 
 
-def reset(init_qpos: np.ndarray, init_qvel: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """gymnasium's draw order: uniform qpos noise first, then normal qvel noise."""
-    qpos = init_qpos + rng.uniform(low=-RESET_NOISE_SCALE, high=RESET_NOISE_SCALE, size=init_qpos.shape)
-    qvel = init_qvel + RESET_NOISE_SCALE * rng.standard_normal(init_qvel.shape)
-    return qpos, qvel
-
 
 ANT_V5 = Task(
     name="Ant-v5",
@@ -76,7 +71,7 @@ ANT_V5 = Task(
     observation=observation,
     reward=reward,
     terminated=terminated,
-    reset=reset,
+    reset=uniform_normal_reset(RESET_NOISE_SCALE),
     x_position=x_position,
     derived_fields=("xpos", "cfrc_ext"),
 )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rl_core.envs.reset_noise import uniform_reset
 from rl_core.envs.task import BatchState, Task
 
 FORWARD_REWARD_WEIGHT = 1.0
@@ -51,12 +52,6 @@ def terminated(state: BatchState) -> np.ndarray:
     return ~is_healthy(state)
 
 
-def reset(init_qpos: np.ndarray, init_qvel: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """gymnasium's draw order: uniform qpos noise, then uniform qvel noise."""
-    qpos = init_qpos + rng.uniform(low=-RESET_NOISE_SCALE, high=RESET_NOISE_SCALE, size=init_qpos.shape)
-    qvel = init_qvel + rng.uniform(low=-RESET_NOISE_SCALE, high=RESET_NOISE_SCALE, size=init_qvel.shape)
-    return qpos, qvel
-
 
 HOPPER_V5 = Task(
     name="Hopper-v5",
@@ -66,5 +61,5 @@ HOPPER_V5 = Task(
     observation=observation,
     reward=reward,
     terminated=terminated,
-    reset=reset,
+    reset=uniform_reset(RESET_NOISE_SCALE),
 )

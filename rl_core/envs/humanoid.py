@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rl_core.envs.reset_noise import uniform_reset
 from rl_core.envs.task import BatchState, Task
 
 FORWARD_REWARD_WEIGHT = 1.25
@@ -73,12 +74,6 @@ def terminated(state: BatchState) -> np.ndarray:
     return ~is_healthy(state)
 
 
-def reset(init_qpos: np.ndarray, init_qvel: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """gymnasium's draw order: uniform qpos noise, then uniform qvel noise."""
-    qpos = init_qpos + rng.uniform(low=-RESET_NOISE_SCALE, high=RESET_NOISE_SCALE, size=init_qpos.shape)
-    qvel = init_qvel + rng.uniform(low=-RESET_NOISE_SCALE, high=RESET_NOISE_SCALE, size=init_qvel.shape)
-    return qpos, qvel
-
 
 HUMANOID_V5 = Task(
     name="Humanoid-v5",
@@ -88,7 +83,7 @@ HUMANOID_V5 = Task(
     observation=observation,
     reward=reward,
     terminated=terminated,
-    reset=reset,
+    reset=uniform_reset(RESET_NOISE_SCALE),
     action_low=-0.4,
     action_high=0.4,
     x_position=x_position,

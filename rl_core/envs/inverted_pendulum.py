@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rl_core.envs.reset_noise import uniform_reset
 from rl_core.envs.task import BatchState, Task
 
 MAX_POLE_ANGLE = 0.2
@@ -32,12 +33,6 @@ def reward(state: BatchState, action: np.ndarray, x_before: np.ndarray, dt: floa
     return (~terminated(state)).astype(np.float64)
 
 
-def reset(init_qpos: np.ndarray, init_qvel: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """gymnasium's draw order: uniform qpos noise, then uniform qvel noise."""
-    qpos = init_qpos + rng.uniform(low=-RESET_NOISE_SCALE, high=RESET_NOISE_SCALE, size=init_qpos.shape)
-    qvel = init_qvel + rng.uniform(low=-RESET_NOISE_SCALE, high=RESET_NOISE_SCALE, size=init_qvel.shape)
-    return qpos, qvel
-
 
 INVERTED_PENDULUM_V5 = Task(
     name="InvertedPendulum-v5",
@@ -47,7 +42,7 @@ INVERTED_PENDULUM_V5 = Task(
     observation=observation,
     reward=reward,
     terminated=terminated,
-    reset=reset,
+    reset=uniform_reset(RESET_NOISE_SCALE),
     action_low=-3.0,
     action_high=3.0,
 )

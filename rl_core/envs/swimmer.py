@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rl_core.envs.reset_noise import uniform_reset
 from rl_core.envs.task import BatchState, Task
 
 FORWARD_REWARD_WEIGHT = 1.0
@@ -34,12 +35,6 @@ def terminated(state: BatchState) -> np.ndarray:
     return np.zeros(state.qpos.shape[0], dtype=bool)
 
 
-def reset(init_qpos: np.ndarray, init_qvel: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """gymnasium's draw order: uniform qpos noise, then uniform qvel noise."""
-    qpos = init_qpos + rng.uniform(low=-RESET_NOISE_SCALE, high=RESET_NOISE_SCALE, size=init_qpos.shape)
-    qvel = init_qvel + rng.uniform(low=-RESET_NOISE_SCALE, high=RESET_NOISE_SCALE, size=init_qvel.shape)
-    return qpos, qvel
-
 
 SWIMMER_V5 = Task(
     name="Swimmer-v5",
@@ -49,5 +44,5 @@ SWIMMER_V5 = Task(
     observation=observation,
     reward=reward,
     terminated=terminated,
-    reset=reset,
+    reset=uniform_reset(RESET_NOISE_SCALE),
 )
