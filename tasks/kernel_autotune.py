@@ -17,15 +17,17 @@ from prefect.cache_policies import NO_CACHE
 import kernels
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout
+from rl_core.runtime.trainer import TRAINER_THREADS
 from tasks.caching import STEP_OPTIONS
 
 
-def hot_op_shapes(cfg: RunConfig) -> dict[str, dict]:
-    """The shapes this run calls its dispatched ops with: GAE over the whole rollout, the PPO loss on one
-    rank's share of a minibatch."""
+def hot_ops(cfg: RunConfig) -> dict[str, tuple[dict, int | None]]:
+    """Each dispatched op of this run: the shape it is called with and the torch thread count of the process
+    that calls it (winners are looked up by it): GAE over the whole rollout in the score step (this process),
+    the PPO loss on one rank's share of a minibatch in the trainer ranks."""
     return {
-        "gae": {"T": cfg.rollout_steps, "N": cfg.num_workers * cfg.envs_per_worker},
-        "ppo_loss": {"B": cfg.ppo.minibatch_size // cfg.num_ranks},
+        "gae": ({"T": cfg.rollout_steps, "N": cfg.num_workers * cfg.envs_per_worker}, None),
+        "ppo_loss": ({"B": cfg.ppo.minibatch_size // cfg.num_ranks}, TRAINER_THREADS),
     }
 
 
@@ -33,7 +35,7 @@ def hot_op_shapes(cfg: RunConfig) -> dict[str, dict]:
 def kernel_autotune(cfg: RunConfig) -> dict:
     """Tune the run's hot ops for its shapes; returns winners and whether each was a cache hit. The report
     is also written into the run's folder, so the run records which implementations computed it."""
-    reports = [kernels.autotune(op, [shape]) for op, shape in hot_op_shapes(cfg).items()]
+    reports = [kernels.autotune(op, [shape], num_threads=threads) for op, (shape, threads) in hot_ops(cfg).items()]
     fast = {p: kernels.fast_p(reports, p) for p in (1.0, 1.5)}
     create_table_artifact(
         key="kernel-autotune", table=[row for report in reports for row in report.rows()],

@@ -26,11 +26,16 @@ from rl_core.runtime.faults import maybe_fail
 from rl_core.seeding import derive_seed
 
 
+TRAINER_THREADS = 1
+"""torch threads per rank: ranks share the machine's cores, and the tiny MLP gains nothing from more. Kernels
+for the ranks' hot ops (the PPO loss) are tuned at this thread count, since winners are looked up by it."""
+
+
 class TrainerRank:
     """Rank `rank` of `world_size`; `connect` joins the process group once, `train` runs per iteration."""
 
     def __init__(self, config_json: str, rank: int, world_size: int) -> None:
-        torch.set_num_threads(1)
+        torch.set_num_threads(TRAINER_THREADS)
         self.cfg = RunConfig.model_validate_json(config_json)
         self.rank, self.world_size = rank, world_size
         self.layout = RunLayout(self.cfg.run_url)

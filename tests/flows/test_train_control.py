@@ -88,3 +88,24 @@ def test_a_task_of_your_own_and_a_gymnasium_backend_train_by_name(tmp_path, env:
     summary = _run(tmp_path, env=env, env_module=env_module, iterations=1)
     assert summary["env_steps"] == 2 * 4 * 16 and len(summary["policy_sha256"]) == 64
     assert CheckpointStore(f"{summary['run_dir']}/checkpoints").versions() == [0, 1]
+
+
+def test_the_flow_computes_what_rl_core_computes_in_one_process(tmp_path) -> None:
+    """With one rank, the orchestrated flow (Ray workers, store round trips, checkpoints, tuned kernels) and the
+    in-process loop of rl_core produce bit-identical weights: orchestration adds no math. Both run at the trainer
+    ranks' thread count, so both look up the same tuned kernel winners."""
+    import torch
+
+    from rl_core.algos.train_loop import train_in_process
+    from rl_core.config import build_config
+    from rl_core.runtime.trainer import TRAINER_THREADS
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(TRAINER_THREADS)
+    try:
+        flow = _run(tmp_path, run_name="orchestrated", seed=5, num_ranks=1)
+        direct = train_in_process(build_config("tiny", run_name="direct", seed=5, num_ranks=1))
+    finally:
+        torch.set_num_threads(threads)
+    assert direct.policy_sha256 == flow["policy_sha256"]
+    assert direct.evaluation["final_return"] == flow["final_return"]
