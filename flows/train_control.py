@@ -29,6 +29,7 @@ from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import progress
+from flows.store_credentials import export_store_credentials
 from rl_core.config import PRESETS, ConfigError, build_config
 from rl_core.data.run_info import open_run
 from rl_core.envs import DynamicsRandomization
@@ -57,6 +58,7 @@ def train_control(
     envs_per_worker: int | None = None,
     rollout_steps: int | None = None,
     eval_episodes: int | None = None,
+    store_credentials_block: str | None = None,
 ) -> dict:
     """Train until the run has `iterations` iterations, then evaluate; returns the run's summary.
 
@@ -71,6 +73,9 @@ def train_control(
         eval_episodes=eval_episodes,
     )
     logger = get_run_logger()
+    if store_credentials_block:  # before anything touches the store or starts Ray (its workers inherit them)
+        names = export_store_credentials(store_credentials_block)
+        logger.info("store credentials from block %s: set %s", store_credentials_block, ", ".join(names))
     run = open_run(cfg)
     logger.info("run %s (%s) at %s", cfg.run_name, "new" if run.is_new else "continued", cfg.run_url)
     try:
@@ -143,6 +148,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--num-ranks", type=int, help="trainer ranks K (torch.distributed)")
     parser.add_argument("--num-workers", type=int, help="env-worker actors")
     parser.add_argument("--eval-episodes", type=int, help="deterministic episodes of the final evaluation (default 5)")
+    parser.add_argument("--store-credentials-block", metavar="SLUG",
+                        help="Prefect block with the store's S3 credentials: secret/<name> or aws-credentials/<name>")
     parser.add_argument("--verbose", action="store_true", help="show Prefect's task-run logs too")
     return parser.parse_args(argv)
 
@@ -168,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_name=args.run_name, preset=args.preset, seed=args.seed, iterations=args.iterations,
                 env=args.env, env_module=args.env_module, randomize_dynamics=args.randomize_dynamics,
                 store=args.store, num_ranks=args.num_ranks, num_workers=args.num_workers,
-                eval_episodes=args.eval_episodes,
+                eval_episodes=args.eval_episodes, store_credentials_block=args.store_credentials_block,
             )
     except ConfigError as err:
         console.print(f"[red]error:[/red] {err}")
