@@ -90,12 +90,12 @@ def run_sb3(cfg: RunConfig) -> dict[str, Any]:
     start = time.perf_counter()
     model.learn(total_timesteps=steps)
     train_s = time.perf_counter() - start
-    venv.training, venv.norm_reward = False, False
     eval_env = VecNormalize(make_vec_env(cfg.env, n_envs=1, seed=cfg.seed + 10_000, vec_env_cls=DummyVecEnv),
                             training=False, norm_reward=False)
     eval_env.obs_rms = venv.obs_rms
     mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=cfg.eval_episodes, deterministic=True)
-    return {"env_steps": steps, "train_s": train_s, "final_return": float(mean)}
+    return {"env_steps": steps, "train_s": train_s, "wall_s": time.perf_counter() - start,
+            "final_return": float(mean)}
 
 
 SYSTEMS = {"direct": run_direct, "flow": run_flow, "sb3": run_sb3}
@@ -126,7 +126,7 @@ def main() -> None:
     summary: dict[str, Any] = {"budget": args.budget, "seeds": seeds}
     for task, by_system in results.items():
         key = task.split("-")[0].lower()
-        mean = {n: {k: statistics.mean(r.get(k, r["train_s"]) for r in rs) for k in ("sps", "final_return", "wall_s")}
+        mean = {n: {k: statistics.mean(r[k] for r in rs) for k in ("sps", "final_return", "wall_s")}
                 for n, rs in by_system.items()}
         for n, m in mean.items():
             print(f"{task:<16} {n:<6} mean {m['sps']:7.0f} steps/s, final return {m['final_return']:8.1f} "
