@@ -1,6 +1,7 @@
 """A killed env-worker actor: the step fails with a clear error, and its retry restores the worker exactly."""
 from __future__ import annotations
 
+import time
 import uuid
 
 import numpy as np
@@ -36,9 +37,23 @@ def steady(tmp_path_factory, local_ray) -> list[dict]:
     return parts
 
 
+def _kill_and_wait(actor, timeout_s: float = 60.0) -> None:
+    """Kill an actor and return once calls to it fail: `ray.kill` is asynchronous, and a call sent right after
+    it can still be served (CI saw a ping answered after the kill)."""
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=deadline - time.monotonic())
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"actor still answers {timeout_s:.0f} s after ray.kill")
+
+
 def test_killed_worker_is_replaced_and_restored(tmp_path, steady) -> None:
     pool, _ = _iteration_zero(tmp_path, f"killed-{uuid.uuid4().hex[:6]}")
-    ray.kill(pool._actor(1), no_restart=True)
+    _kill_and_wait(pool._actor(1))
     with pytest.raises(EnvWorkerDied, match=r"(?s)env worker 1 .* died.*retry starts a replacement"):
         pool.simulate(1, 1)
     retried = [read_tensors(p["uri"])[0] for p in pool.simulate(1, 1)]
@@ -51,10 +66,7 @@ def test_killed_worker_is_replaced_and_restored(tmp_path, steady) -> None:
 def test_health_check_replaces_a_dead_worker_which_restores_exactly(tmp_path, steady) -> None:
     pool, _ = _iteration_zero(tmp_path, f"health-{uuid.uuid4().hex[:6]}")
     assert pool.health_check() == []
-    victim = pool._actor(0)
-    ray.kill(victim, no_restart=True)  # asynchronous: wait until the death is visible
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(victim.ping.remote(), timeout=60)
+    _kill_and_wait(pool._actor(0))
     assert pool.health_check() == [0]
     replaced = [read_tensors(p["uri"])[0] for p in pool.simulate(1, 1)]
     pool.shutdown()
