@@ -1,13 +1,17 @@
 """Run configuration: validated once at the edge (flow start, CLI), plain typed values inside.
 
-Presets are named sets of overrides; anything a preset sets can still be overridden explicitly.
+Presets are named sets of overrides; anything a preset sets can still be overridden explicitly. PPO values
+come in layers, later ones winning: `PPOConfig`'s defaults, the task's preset file (`presets/<env>.yaml`),
+the size preset's `ppo` values, then explicit `ppo=` overrides.
 """
 from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import Any, Literal, Optional
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rl_core.envs.gym_backend import PREFIX as GYM_PREFIX
@@ -58,11 +62,19 @@ class RunConfig(BaseModel):
     envs_per_worker: int = Field(32, ge=1, description="MuJoCo envs batched in each worker.")
     rollout_steps: int = Field(128, ge=1, description="Steps per env per iteration.")
     num_ranks: int = Field(2, ge=1, description="torch.distributed ranks of the trainer group (train shards).")
+    overlap: bool = Field(
+        False, description="Collect iteration i+1 while iteration i trains, acting with the policy from before "
+        "iteration i's update (one update stale; PPO's clipped ratio absorbs the lag). Keeps env workers and trainer "
+        "busy at once; changes the math, so it is part of what a run is and a continued run keeps it.")
     full_every: int = Field(8, ge=1, description="A full checkpoint every N versions, deltas in between.")
     eval_episodes: int = Field(5, ge=1, description="Deterministic episodes in the final evaluation.")
     epoch_checkpoint_every: int = Field(
         1, ge=0, description="Save training progress every N PPO epochs inside an iteration, so a retried "
         "train_shard resumes mid-update (0: only the per-iteration versions).")
+    epoch_checkpoint_min_s: float = Field(
+        10.0, ge=0, description="...but no sooner than this many seconds into the update or after the last such "
+        "save: an update shorter than a save is worth (the quick preset's take about a second, a save 50 ms) is "
+        "simply redone on retry (0: save at every `epoch_checkpoint_every` epochs).")
     collective_timeout_s: float = Field(
         120.0, gt=0, description="How long a rank waits in a collective before the group is declared broken.")
     ppo: PPOConfig = PPOConfig()
@@ -130,34 +142,65 @@ PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"iterations": 100},
     # The nightly run: 6x longer, same shapes.
     "full": {"iterations": 600},
-    # Seconds: for tests and smoke runs; does not learn.
+    # Seconds: for tests and smoke runs; does not learn. Saves update progress at every epoch, so fault drills
+    # can resume mid-update.
     "tiny": {"iterations": 2, "envs_per_worker": 4, "rollout_steps": 16, "eval_episodes": 1,
-             "ppo": {"minibatch_size": 32, "update_epochs": 2}},
+             "epoch_checkpoint_min_s": 0.0, "ppo": {"minibatch_size": 32, "update_epochs": 2}},
 }
+
+
+# Per-task PPO hyper-parameters: one `<task name>.yaml` per task, keys = PPOConfig fields (shipped as package data).
+PRESET_DIR = Path(__file__).with_name("presets")
 
 
 class ConfigError(ValueError):
     """Invalid run configuration; the message names each bad field and what it allows."""
 
 
+def task_ppo_preset(env: str, preset_dir: Path | None = None) -> dict[str, Any]:
+    """The validated PPO values of `env`'s preset file (`<preset_dir>/<env>.yaml`); {} for a task without one."""
+    files = {p.stem: p for p in Path(preset_dir or PRESET_DIR).glob("*.yaml")}  # by listing: no path from `env`
+    path = files.get(env) if isinstance(env, str) else None
+    if path is None:
+        return {}
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping of PPOConfig fields, found {type(values).__name__}")
+    unknown = sorted(str(k) for k in values if k not in PPOConfig.model_fields)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                          f"a task preset holds PPOConfig fields only: {', '.join(PPOConfig.model_fields)}")
+    try:
+        checked = PPOConfig.model_validate(values)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, f"{path}: invalid PPO preset:")) from None
+    return {k: getattr(checked, k) for k in values}
+
+
 def build_config(preset: str = "quick", **overrides: Any) -> RunConfig:
-    """Preset values, then explicit overrides (None means 'not given'), validated together."""
+    """Preset values, then explicit overrides (None means 'not given'), validated together.
+
+    PPO values: PPOConfig defaults < the task's preset file < the size preset's `ppo` < explicit `ppo=`.
+    """
     if preset not in PRESETS:
         raise ConfigError(f"preset: unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
     values: dict[str, Any] = {k: v for k, v in PRESETS[preset].items() if k != "ppo"}
-    ppo = dict(PRESETS[preset].get("ppo", {}))
-    ppo.update(overrides.pop("ppo", None) or {})
+    explicit_ppo = overrides.pop("ppo", None) or {}
     values.update({k: v for k, v in overrides.items() if v is not None})
-    values["ppo"] = ppo
+    env = values.get("env", RunConfig.model_fields["env"].default)
+    values["ppo"] = {**task_ppo_preset(env), **PRESETS[preset].get("ppo", {}), **explicit_ppo}
     try:
         return RunConfig(**values)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
 
 
-def format_validation_error(err: ValidationError) -> str:
+def format_validation_error(err: ValidationError, title: str = "invalid run configuration:") -> str:
     """One line per bad field: `field: message (got value)`."""
-    lines = ["invalid run configuration:"]
+    lines = [title]
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "config"
         lines.append(f"  {field}: {e['msg']} (got {e.get('input')!r})")

@@ -16,7 +16,8 @@ from rl_core.config import ConfigError, RunConfig
 from rl_core.data.run_layout import RunLayout
 
 # Fields a continued run may change: how far to go and how much to evaluate, not what is trained.
-CONTINUABLE_FIELDS = {"iterations", "eval_episodes", "store", "epoch_checkpoint_every", "collective_timeout_s"}
+CONTINUABLE_FIELDS = {"iterations", "eval_episodes", "store", "epoch_checkpoint_every", "epoch_checkpoint_min_s",
+                      "collective_timeout_s"}
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,14 @@
 
 Like env workers, a rank remembers which checkpoint version its learner holds and restores from the
 store when asked to train from another, so retried and resumed steps start from committed state.
-Inside an iteration, rank 0 saves the learner after every `epoch_checkpoint_every` epochs; a retried
-update restores the newest of those and runs only the epochs that remain.
+Inside an iteration, rank 0 saves the learner after every `epoch_checkpoint_every` epochs (once the update has
+run `epoch_checkpoint_min_s` since it started or last saved); a retried update restores the newest of those and
+runs only the epochs that remain. Whether a save happened never changes the result, only how much a retry redoes.
 """
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -104,13 +106,18 @@ class TrainerRank:
         cfg = self.cfg.ppo
         frac = 1.0 - iteration / self.cfg.iterations if cfg.anneal_lr else 1.0
         history = list(done)
+        last_save = time.monotonic()
 
         def on_epoch_end(metrics: dict[str, float]) -> None:
+            nonlocal last_save
             history.append(metrics)
             every = self.cfg.epoch_checkpoint_every
             last = len(history) == cfg.update_epochs or metrics["early_stop"]
-            if self.rank == 0 and every and len(history) % every == 0 and not last:
+            waited = time.monotonic() - last_save >= self.cfg.epoch_checkpoint_min_s
+            due = every and len(history) % every == 0 and waited
+            if self.rank == 0 and due and not last:
                 progress.commit(self.learner.state(), {"iteration": iteration, "version": version, "history": history})
+                last_save = time.monotonic()
             maybe_fail("train.epoch_end", iteration=iteration, rank=self.rank, epoch=int(metrics["epoch"]))
 
         return ppo_update(
