@@ -9,6 +9,9 @@
         checkpoint_diff(i)    -> version v_i+1       (lossless delta, zstd, fsspec)
     evaluate(final version)
 
+With `--overlap`, simulate(i+1) starts when train_shard(i) does, acting with the policy of v_i (one update
+stale) from the envs simulate(i) left, so env workers and trainer ranks work at the same time.
+
 `python -m flows.train_control` runs it on embedded defaults: a temporary local Prefect API, a local
 Ray on 127.0.0.1 and a file:// store under ./runs/<run name>/. The same run name continues a run.
 """
@@ -37,7 +40,7 @@ from rl_core.runtime.versions import storage_report
 from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init
 from tasks.evaluate import evaluate
 from tasks.kernel_autotune import kernel_autotune
-from tasks.runtime import release
+from tasks.runtime import release, start_env_workers
 from tasks.score import score
 from tasks.simulate import simulate
 from tasks.train_shard import train_shard
@@ -58,6 +61,7 @@ def train_control(
     envs_per_worker: int | None = None,
     rollout_steps: int | None = None,
     eval_episodes: int | None = None,
+    overlap: bool | None = None,
     store_credentials_block: str | None = None,
 ) -> dict:
     """Train until the run has `iterations` iterations, then evaluate; returns the run's summary.
@@ -70,7 +74,7 @@ def train_control(
         preset, run_name=run_name or default_run_name(env, preset, seed), seed=seed, iterations=iterations,
         env=env, env_module=env_module, randomization=randomization_of(randomize_dynamics), store=store,
         num_ranks=num_ranks, num_workers=num_workers, envs_per_worker=envs_per_worker, rollout_steps=rollout_steps,
-        eval_episodes=eval_episodes,
+        eval_episodes=eval_episodes, overlap=overlap,
     )
     logger = get_run_logger()
     if store_credentials_block:  # before anything touches the store or starts Ray (its workers inherit them)
@@ -80,14 +84,18 @@ def train_control(
     logger.info("run %s (%s) at %s", cfg.run_name, "new" if run.is_new else "continued", cfg.run_url)
     try:
         tuning = kernel_autotune(cfg)
+        start_env_workers(cfg)  # they boot while checkpoint_init starts the trainer group
         version = checkpoint_init(cfg, run.incarnation)["version"]
         progress.start(version, cfg.iterations)
         recent_returns: list[float] = []
+        collecting = None  # with overlap: the next iteration's simulate, running while this one trains
         for iteration in range(version, cfg.iterations):
-            sim = simulate(cfg, run.incarnation, iteration, version)
+            sim = collecting.result() if collecting else simulate(cfg, run.incarnation, iteration, version)
             scored = score(cfg, run.incarnation, iteration, version, sim["experience"])
             shards = [train_shard.submit(cfg, run.incarnation, iteration, version, k, scored["scored"])
                       for k in range(cfg.num_ranks)]
+            collecting = (simulate.submit(cfg, run.incarnation, iteration + 1, version + 1)
+                          if cfg.overlap and iteration + 1 < cfg.iterations else None)
             trained = [s.result() for s in shards]
             committed = checkpoint_diff(cfg, run.incarnation, iteration, version, trained[0]["staged"], sim["experience"])
             version = committed["version"]
@@ -148,6 +156,9 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--num-ranks", type=int, help="trainer ranks K (torch.distributed)")
     parser.add_argument("--num-workers", type=int, help="env-worker actors")
     parser.add_argument("--eval-episodes", type=int, help="deterministic episodes of the final evaluation (default 5)")
+    parser.add_argument("--overlap", action="store_const", const=True,
+                        help="collect iteration i+1 while iteration i trains, with a one-update-stale policy "
+                             "(default: off; see README)")
     parser.add_argument("--store-credentials-block", metavar="SLUG",
                         help="Prefect block with the store's S3 credentials: secret/<name> or aws-credentials/<name>")
     parser.add_argument("--verbose", action="store_true", help="show Prefect's task-run logs too")
@@ -175,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_name=args.run_name, preset=args.preset, seed=args.seed, iterations=args.iterations,
                 env=args.env, env_module=args.env_module, randomize_dynamics=args.randomize_dynamics,
                 store=args.store, num_ranks=args.num_ranks, num_workers=args.num_workers,
-                eval_episodes=args.eval_episodes, store_credentials_block=args.store_credentials_block,
+                eval_episodes=args.eval_episodes, overlap=args.overlap,
+                store_credentials_block=args.store_credentials_block,
             )
     except ConfigError as err:
         console.print(f"[red]error:[/red] {err}")

@@ -20,6 +20,11 @@ def env_pool(cfg: RunConfig) -> EnvWorkerPool:
         return _env_pools[cfg.run_url]
 
 
+def start_env_workers(cfg: RunConfig) -> None:
+    """Start the run's env workers in the background (not a task: it only saves start-up time)."""
+    env_pool(cfg).start()
+
+
 def trainer_group(cfg: RunConfig) -> TrainerGroup:
     """The run's trainer group, created on first use and kept across iterations."""
     with _lock:

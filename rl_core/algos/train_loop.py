@@ -9,6 +9,7 @@ float summation order (see ppo.py).
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -41,27 +42,43 @@ class InProcessResult:
 def train_in_process(
     cfg: RunConfig, on_iteration: Callable[[int, dict[str, float]], None] | None = None
 ) -> InProcessResult:
-    """Train ``cfg.iterations`` iterations from the seed and evaluate ``cfg.eval_episodes`` episodes."""
+    """Train ``cfg.iterations`` iterations from the seed and evaluate ``cfg.eval_episodes`` episodes.
+
+    With ``cfg.overlap`` the collection of iteration i+1 runs on a thread during iteration i's update, acting
+    with a copy of the policy from before that update: the flow's schedule and math (`acting_version`).
+    """
     start = time.perf_counter()
     envs = [make_batch(cfg.env, cfg.envs_per_worker, cfg.seed, w * cfg.envs_per_worker, cfg.randomization)
             for w in range(cfg.num_workers)]
     learner = PPOLearner(envs[0].obs_dim, envs[0].action_dim, cfg.ppo, cfg.seed)
+    stale = PPOLearner(envs[0].obs_dim, envs[0].action_dim, cfg.ppo, cfg.seed) if cfg.overlap else None
     discounted = [np.zeros(cfg.envs_per_worker) for _ in envs]
-    history: list[dict[str, float]] = []
-    for iteration in range(cfg.iterations):
+
+    def collect(iteration: int, acting: PPOLearner) -> tuple[list[dict[str, np.ndarray]], list[float], float]:
         parts, finished = [], []
         for w, env in enumerate(envs):
             generator = torch_generator(cfg.seed, iteration, w * cfg.envs_per_worker)
-            arrays, info = collect_rollout(env, learner, cfg.rollout_steps, cfg.ppo.gamma, discounted[w], generator)
+            arrays, info = collect_rollout(env, acting, cfg.rollout_steps, cfg.ppo.gamma, discounted[w], generator)
             parts.append(arrays)
             finished += info["finished_returns"]
-        scored = score_experience(parts, learner.reward_scale(), cfg.ppo.gamma, cfg.ppo.gae_lambda)
-        metrics = summarize_epochs(_update(cfg, learner, scored, iteration))
-        learner.update_statistics(_moments(scored, "obs_moments"), _moments(scored, "ret_moments"))
-        metrics["mean_return"] = float(np.mean(finished)) if finished else float("nan")
-        history.append(metrics)
-        if on_iteration is not None:
-            on_iteration(iteration, metrics)
+        return parts, finished, acting.reward_scale()
+
+    history: list[dict[str, float]] = []
+    with ThreadPoolExecutor(1, thread_name_prefix="collect") as collector:
+        collecting: Future | None = None
+        for iteration in range(cfg.iterations):
+            parts, finished, reward_scale = collecting.result() if collecting else collect(iteration, learner)
+            scored = score_experience(parts, reward_scale, cfg.ppo.gamma, cfg.ppo.gae_lambda)
+            collecting = None
+            if stale is not None and iteration + 1 < cfg.iterations:
+                stale.load_policy(learner.state())  # version `iteration`, before this update
+                collecting = collector.submit(collect, iteration + 1, stale)
+            metrics = summarize_epochs(_update(cfg, learner, scored, iteration))
+            learner.update_statistics(_moments(scored, "obs_moments"), _moments(scored, "ret_moments"))
+            metrics["mean_return"] = float(np.mean(finished)) if finished else float("nan")
+            history.append(metrics)
+            if on_iteration is not None:
+                on_iteration(iteration, metrics)
     train_s = time.perf_counter() - start
     evaluation = evaluate_learner(cfg, learner, cfg.eval_episodes)
     return InProcessResult(evaluation, policy_sha256(learner.state()), cfg.iterations * cfg.batch_size, train_s,

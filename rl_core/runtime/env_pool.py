@@ -59,6 +59,12 @@ class EnvWorkerPool:
             self._actors[index] = remote.remote(self.cfg.model_dump_json(), index, self._split[index])
         return self._actors[index]
 
+    def start(self) -> None:
+        """Create every worker without waiting: their start-up (Python, torch, MuJoCo models) then overlaps
+        whatever the caller does next instead of delaying the first step."""
+        for w in range(self.num_workers):
+            self._actor(w)
+
     def simulate(self, iteration: int, version: int) -> list[dict]:
         """One rollout per worker from checkpoint `version`; per-worker summaries in worker order."""
         refs = {w: self._actor(w).simulate.remote(iteration, version) for w in range(self.num_workers)}

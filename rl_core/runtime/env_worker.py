@@ -3,8 +3,11 @@
 The worker remembers which checkpoint version its envs and policy correspond to. When asked to
 simulate from another version (a retry, a resume in a new process, a replaced actor) it restores
 both from the store first, so the result never depends on what happened to the process before.
+With `overlap` the policy is one version behind the envs (`acting_version`).
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import ray
@@ -17,9 +20,20 @@ from rl_core.checkpoint import CheckpointStore
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout, write_tensors
 from rl_core.envs import make_batch
+from rl_core.runtime.faults import maybe_fail
 from rl_core.seeding import torch_generator
 
 ENV_PREFIX = "env."
+ENV_WORKER_THREADS = 1
+"""torch threads per env worker: workers share the cores, and a rollout step's tiny policy batch gains nothing from
+more. Kernels for the rollout's policy forward are tuned at this thread count, since winners are looked up by it."""
+COMMIT_WAIT_S = 600.0  # longer than any update and commit; past it the flow has surely failed
+
+
+def acting_version(cfg: RunConfig, version: int) -> int:
+    """The policy version that collects from env version `version`: the same one, or with `cfg.overlap` the one
+    before (one update stale), which lets the next collection run while `version` is still being trained."""
+    return max(version - 1, 0) if cfg.overlap else version
 
 
 class EnvWorker:
@@ -30,7 +44,7 @@ class EnvWorker:
     """
 
     def __init__(self, config_json: str, worker_index: int, envs: tuple[int, int] | None = None) -> None:
-        torch.set_num_threads(1)
+        torch.set_num_threads(ENV_WORKER_THREADS)
         self.cfg = RunConfig.model_validate_json(config_json)
         self.worker_index = worker_index
         self.env_offset, self.num_envs = envs or (worker_index * self.cfg.envs_per_worker, self.cfg.envs_per_worker)
@@ -57,33 +71,49 @@ class EnvWorker:
         self.discounted_return = np.zeros(self.num_envs)
         self.env_version: int | None = 0
 
-    def _sync(self, version: int) -> None:
-        """Bring policy and envs to checkpoint `version`, reading the store only if they are elsewhere."""
-        if self.policy_version == version and self.env_version == version:
+    def _sync(self, version: int, policy_version: int) -> None:
+        """Bring the envs to checkpoint `version` and the policy to `policy_version`, reading the store only
+        for what the worker does not already hold."""
+        if self.policy_version != policy_version:
+            self.learner.load_policy(self.store.load(policy_version).tensors)
+            self.policy_version = policy_version
+        if self.env_version == version:
             return
+        if version == 0:
+            self._new_envs()
+            return
+        if self.cfg.overlap:
+            self._wait_until_committed(version)
         snapshot = self.store.load(version)
-        self.learner.load_policy(snapshot.tensors)
-        self.policy_version = version
-        if self.env_version != version:
-            rows = slice(self.env_offset, self.env_offset + self.num_envs)
-            env_state = {k[len(ENV_PREFIX):]: v[rows] for k, v in snapshot.tensors.items() if k.startswith(ENV_PREFIX)}
-            if env_state:
-                self.discounted_return = env_state.pop("discounted_return").copy()
-                self.env.set_state(env_state)
-                self.env_version = version
-            elif version == 0:
-                self._new_envs()
-            else:
-                raise RuntimeError(f"checkpoint version {version} of {self.cfg.run_url} holds no env state")
+        rows = slice(self.env_offset, self.env_offset + self.num_envs)
+        env_state = {k[len(ENV_PREFIX):]: v[rows] for k, v in snapshot.tensors.items() if k.startswith(ENV_PREFIX)}
+        if not env_state:
+            raise RuntimeError(f"checkpoint version {version} of {self.cfg.run_url} holds no env state")
+        self.discounted_return = env_state.pop("discounted_return").copy()
+        self.env.set_state(env_state)
+        self.env_version = version
+
+    def _wait_until_committed(self, version: int) -> None:
+        """With `overlap`, a step collecting from env version v runs while v is still being trained and
+        committed; a worker that lost its envs (a retry, a replacement) restores them once v is committed."""
+        deadline = time.monotonic() + COMMIT_WAIT_S
+        while (self.store.latest() or 0) < version:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"env worker {self.worker_index} must restore its envs from checkpoint version "
+                                   f"{version} of {self.cfg.run_url}, which was not committed within "
+                                   f"{COMMIT_WAIT_S:.0f} s; rerun the flow to continue from the newest version")
+            time.sleep(0.1)
 
     def simulate(self, iteration: int, version: int) -> dict:
-        """Collect one rollout from `version`; write experience and end env state; return a summary."""
-        self._sync(version)
+        """Collect one rollout from the envs of `version`, acting with the policy of `acting_version`;
+        write experience and end env state; return a summary."""
+        self._sync(version, acting_version(self.cfg, version))
         self.env_version = None  # the envs are mid-change until the shard is written
         generator = torch_generator(self.cfg.seed, iteration, self.env_offset)
         arrays, info = collect_rollout(
             self.env, self.learner, self.cfg.rollout_steps, self.cfg.ppo.gamma, self.discounted_return, generator
         )
+        maybe_fail("simulate.rollout_end", iteration=iteration, worker=self.worker_index)
         env_state = self.env.get_state()
         env_state["discounted_return"] = self.discounted_return.copy()
         arrays.update({ENV_PREFIX + k: v for k, v in env_state.items()})

@@ -69,6 +69,23 @@ def test_train_shard_failure_is_retried_from_its_epoch_checkpoint(tmp_path, monk
     assert all(r["epochs_resumed"] == 1 for r in results)
 
 
+def test_overlapped_simulate_failure_restores_envs_once_their_version_is_committed(tmp_path, monkeypatch) -> None:
+    """With overlap, simulate(2) runs while iteration 1 trains, from env state v2 that is not committed yet. Worker 0
+    fails after its rollout (its envs are then mid-change); the retry waits for v2's commit, restores from it, and
+    the run ends bit-identical to an overlapped run that never failed."""
+    store = f"file://{tmp_path}/runs"
+    reference = _run(store, "overlap-reference", overlap=True)
+    _faults(monkeypatch, tmp_path, "simulate.rollout_end:iteration=2,worker=0")
+    from flows.train_control import train_control
+
+    state = train_control(preset="tiny", store=store, run_name="overlap-retried", seed=SEED, iterations=ITERATIONS,
+                          overlap=True, return_state=True)
+    assert state.result()["policy_sha256"] == reference["policy_sha256"]
+    retried = [t for t in _task_runs(state.state_details.flow_run_id)
+               if t.name.startswith("simulate") and t.run_count > 1]
+    assert len(retried) == 1, "simulate of iteration 2 must have failed once and been retried"
+
+
 def test_failed_flow_rerun_skips_completed_steps(tmp_path, monkeypatch, reference) -> None:
     """A fault outlasting the task retries fails the run; rerunning the same run continues where it stopped."""
     _faults(monkeypatch, tmp_path, "train.epoch_end:iteration=1,rank=0,epoch=1,count=3")
