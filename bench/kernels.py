@@ -1,9 +1,10 @@
 """Kernel benchmark: every registered op at the shapes the flows call it with, then a PPO iteration's hot ops.
 
 Part 1 runs the tuner's own verify-and-time step (`tune_bucket`) per op, so it measures exactly what `autotune`
-would decide, and prints each op's table. Part 2 times `score_experience` + `ppo_update` (the hot ops of one
-quick-preset iteration: 2 workers x 32 envs x 128 steps, minibatches of 512, 10 epochs) with kernels dispatch on,
-after tuning the ops they dispatch, against the same with GYMFLOW_KERNELS=reference; runs alternate.
+would decide, and prints each op's table. Part 2 times one whole quick-preset iteration in one process (2 workers x
+32 envs x 128 steps of real MuJoCo, the policy forward at every step, scoring, then 10 epochs of 512-sample
+minibatches) with kernels dispatch on, after tuning the ops it dispatches, against the same with
+GYMFLOW_KERNELS=reference; runs alternate.
 Everything happens in a temporary cache dir: the user's tuned winners are neither read nor changed.
 
 The last line is one JSON object:
@@ -36,12 +37,15 @@ from kernels.autotune import DEFAULT_MIN_RUN_TIME, tune_bucket  # noqa: E402
 from rl_core.algos.advantages import score_experience  # noqa: E402
 from rl_core.algos.learner import PPOLearner  # noqa: E402
 from rl_core.algos.ppo import RolloutBatch, ppo_update  # noqa: E402
+from rl_core.algos.rollout import collect_rollout  # noqa: E402
 from rl_core.config import PPOConfig  # noqa: E402
-from rl_core.policies.normalizer import Moments  # noqa: E402
+from rl_core.envs import make_batch  # noqa: E402
+from rl_core.seeding import torch_generator  # noqa: E402
 
-WORKERS, ENVS, STEPS, OBS_DIM, ACT_DIM = 2, 32, 128, 17, 6
+TASK, WORKERS, ENVS, STEPS, OBS_DIM, ACT_DIM = "HalfCheetah-v5", 2, 32, 128, 17, 6
 """The quick preset on HalfCheetah."""
-ITERATION_OPS = {"gae": {"T": STEPS, "N": WORKERS * ENVS}, "ppo_loss": {"B": PPOConfig().minibatch_size}}
+ITERATION_OPS = {"gae": {"T": STEPS, "N": WORKERS * ENVS}, "ppo_loss": {"B": PPOConfig().minibatch_size},
+                 "policy_mlp_forward": {"B": ENVS, "D": OBS_DIM, "H": 64, "A": ACT_DIM}}
 """What the iteration dispatches, at its shapes (one process, so a minibatch is not split across ranks)."""
 
 
@@ -57,39 +61,19 @@ def tune_all(min_run_time: float, opt_in: frozenset[str]) -> list[TuneReport]:
     return reports
 
 
-def rollout_parts(seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """Synthetic worker outputs shaped like a quick-preset rollout, with actions near the initial policy's."""
-    rng = np.random.default_rng(seed)
-    parts = []
-    for _ in range(WORKERS):
-        actions = rng.standard_normal((STEPS, ENVS, ACT_DIM)).astype(np.float32)
-        part = {
-            "obs": rng.standard_normal((STEPS, ENVS, OBS_DIM)).astype(np.float32),
-            "actions": actions,
-            "logprobs": (-0.5 * actions**2 - 0.5 * np.log(2 * np.pi)).sum(-1).astype(np.float32),
-            "values": (0.1 * rng.standard_normal((STEPS, ENVS))).astype(np.float32),
-            "rewards": rng.standard_normal((STEPS, ENVS)).astype(np.float32),
-            "dones": (rng.random((STEPS, ENVS)) < 0.005).astype(np.float32),
-            "trunc_values": np.zeros((STEPS, ENVS), np.float32),
-            "next_value": (0.1 * rng.standard_normal(ENVS)).astype(np.float32),
-        }
-        for name, data in (("obs_moments", part["obs"]), ("ret_moments", part["rewards"][..., None])):
-            moments = Moments.of(data)
-            part.update({f"{name}.count": np.array(moments.count), f"{name}.mean": moments.mean,
-                         f"{name}.m2": moments.m2})
-        parts.append(part)
-    return parts
-
-
-def iteration_s(parts: list[dict[str, np.ndarray]], mode: str | None) -> float:
-    """Seconds for scoring and one PPO update from the same initial learner; `mode` sets GYMFLOW_KERNELS."""
+def iteration_s(mode: str | None) -> float:
+    """Seconds for one quick-preset iteration from the same seeded start: two workers' rollouts in real MuJoCo
+    (the policy forward at every step), scoring and one PPO update; `mode` sets GYMFLOW_KERNELS."""
     if mode is None:
         os.environ.pop("GYMFLOW_KERNELS", None)
     else:
         os.environ["GYMFLOW_KERNELS"] = mode
     cfg = PPOConfig()
-    learner = PPOLearner(OBS_DIM, ACT_DIM, cfg, seed=0)
+    envs = [make_batch(TASK, ENVS, seed=0, env_offset=w * ENVS) for w in range(WORKERS)]
+    learner = PPOLearner(envs[0].obs_dim, envs[0].action_dim, cfg, seed=0)
     start = time.perf_counter()
+    parts = [collect_rollout(env, learner, STEPS, cfg.gamma, np.zeros(ENVS), torch_generator(0, 0, w * ENVS))[0]
+             for w, env in enumerate(envs)]
     scored = score_experience(parts, 1.0, cfg.gamma, cfg.gae_lambda)
     batch = RolloutBatch(*(torch.from_numpy(scored[k]) for k in
                            ("obs", "actions", "logprobs", "values", "advantages", "returns")))
@@ -104,16 +88,16 @@ def iteration_ratio(repeats: int, min_run_time: float) -> tuple[float, float, fl
     for name, shape in ITERATION_OPS.items():
         winner = kernels.autotune(name, [shape], min_run_time=min_run_time, opt_in=frozenset()).buckets[0].winner
         print(f"tuned {name} at {shape} for the iteration: winner {winner}", flush=True)
-    parts = rollout_parts()
-    iteration_s(parts, None), iteration_s(parts, "reference")  # warm-up: libraries loaded, allocator primed
+    iteration_s(None), iteration_s("reference")  # warm-up: libraries loaded, allocator primed
     tuned, reference = [], []
     for _ in range(repeats):
-        tuned.append(iteration_s(parts, None))
-        reference.append(iteration_s(parts, "reference"))
+        tuned.append(iteration_s(None))
+        reference.append(iteration_s("reference"))
     os.environ.pop("GYMFLOW_KERNELS", None)
     t, r = statistics.median(tuned), statistics.median(reference)
     ratio = statistics.median(a / b for a, b in zip(tuned, reference))
-    print(f"iteration hot ops (score_experience + ppo_update), {repeats} alternating pairs: tuned median {t:.3f} s "
+    print(f"quick-preset iteration (2 x 32 envs x 128 steps of {TASK}, scoring, one update), {repeats} "
+          f"alternating pairs: tuned median {t:.3f} s "
           f"(min {min(tuned):.3f}), reference median {r:.3f} s (min {min(reference):.3f}); median pair ratio "
           f"{ratio:.3f}", flush=True)
     return t, r, ratio

@@ -39,15 +39,17 @@ def collect_rollout(
     finished: list[float] = []
     obs = env.observe()
     with torch.no_grad():
+        std = model.log_std.exp()
         for t in range(steps):
             raw_obs[t] = obs
             x = torch.from_numpy(norm.normalize(obs))
-            dist = model.distribution(x)
-            action = dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator)
+            mean, value = model.mean_and_value(x)
+            dist = torch.distributions.Normal(mean, std.expand_as(mean), validate_args=False)
+            action = mean + dist.stddev * torch.randn(mean.shape, generator=generator)
             obs_buf[t] = x.numpy()
             act_buf[t] = action.numpy()
             logp_buf[t] = dist.log_prob(action).sum(-1).numpy()
-            value_buf[t] = model.value(x).numpy()
+            value_buf[t] = value.numpy()
             result = env.step(action.numpy().astype(np.float64))
             reward_buf[t] = result.reward
             discounted_return[:] = discounted_return * gamma + result.reward

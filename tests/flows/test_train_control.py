@@ -45,7 +45,8 @@ def test_tiny_run_commits_every_iteration_and_evaluates(tmp_path) -> None:
     assert names.count("simulate") == 2 and names.count("score") == 2 and names.count("checkpoint_diff") == 2
     assert names.count("train_shard") == 4 and names.count("kernel_autotune") == 1
     tuned = json.loads((tmp_path / "runs" / "e2e" / "kernels" / "autotune.json").read_text())
-    assert [op["op"] for op in tuned["ops"]] == ["gae", "ppo_loss"] and tuned == summary["kernels"]
+    assert [op["op"] for op in tuned["ops"]] == ["gae", "ppo_loss", "policy_mlp_forward"]
+    assert tuned == summary["kernels"]
 
 
 def test_same_seed_same_weights_and_same_name_continues(tmp_path) -> None:
@@ -90,10 +91,12 @@ def test_a_task_of_your_own_and_a_gymnasium_backend_train_by_name(tmp_path, env:
     assert CheckpointStore(f"{summary['run_dir']}/checkpoints").versions() == [0, 1]
 
 
-def test_the_flow_computes_what_rl_core_computes_in_one_process(tmp_path) -> None:
+@pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "overlap"])
+def test_the_flow_computes_what_rl_core_computes_in_one_process(tmp_path, overlap: bool) -> None:
     """With one rank, the orchestrated flow (Ray workers, store round trips, checkpoints, tuned kernels) and the
     in-process loop of rl_core produce bit-identical weights: orchestration adds no math. Both run at the trainer
-    ranks' thread count, so both look up the same tuned kernel winners."""
+    ranks' thread count, so both look up the same tuned kernel winners. With overlap both act one update stale;
+    3 iterations, so a lag of another length in either would show."""
     import torch
 
     from rl_core.algos.train_loop import train_in_process
@@ -103,8 +106,9 @@ def test_the_flow_computes_what_rl_core_computes_in_one_process(tmp_path) -> Non
     threads = torch.get_num_threads()
     torch.set_num_threads(TRAINER_THREADS)
     try:
-        flow = _run(tmp_path, run_name="orchestrated", seed=5, num_ranks=1)
-        direct = train_in_process(build_config("tiny", run_name="direct", seed=5, num_ranks=1))
+        flow = _run(tmp_path, run_name="orchestrated", seed=5, num_ranks=1, overlap=overlap, iterations=3)
+        direct = train_in_process(build_config("tiny", run_name="direct", seed=5, num_ranks=1, overlap=overlap,
+                                               iterations=3))
     finally:
         torch.set_num_threads(threads)
     assert direct.policy_sha256 == flow["policy_sha256"]
