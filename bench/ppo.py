@@ -3,8 +3,14 @@
 Systems, per task and seed, run one after another (so they get the machine alike):
 
 - ``direct``: gymflow's PPO through ``rl_core`` in one process (``rl_core.algos.train_loop``);
-- ``flow``: the same configuration through the Prefect flow (``python -m flows.train_control`` in a subprocess:
-  Prefect, Ray env workers, torch.distributed train shards, a delta checkpoint every iteration);
+- ``direct_overlap``: the same with ``overlap`` (iteration i+1 collects on a thread while iteration i trains,
+  one update stale);
+- ``flow``: the same configuration as ``direct`` through the Prefect flow (``python -m flows.train_control`` in a
+  subprocess: Prefect, Ray env workers, a torch.distributed train shard, a delta checkpoint every iteration),
+  with one trainer rank: it computes ``direct``'s weights bit for bit, so their wall times compare the same work
+  (two ranks on two cores are slower here: per-step framework overhead does not shrink with the minibatch, and
+  every step adds an all-reduce);
+- ``flow_overlap``: the flow with ``--overlap`` (simulate(i+1) on the env workers while train_shard(i) runs);
 - ``sb3``: stable-baselines3 PPO on gymnasium's v5 env with the same hyper-parameters where SB3 has them
   (64 envs in a DummyVecEnv, 128 steps each, minibatch 512, 10 epochs, lr 3e-4 annealed to 0, gamma 0.99,
   GAE 0.95, clip 0.2, value coef 0.5, max grad norm 0.5, 64x64 tanh actor and critic, log-std 0, orthogonal
@@ -12,10 +18,11 @@ Systems, per task and seed, run one after another (so they get the machine alike
 
 Env steps/s = env steps / wall time of training (collection + updates; for the flow, the whole flow as its own
 summary reports it: Ray start-up, tuning, checkpoints and the final evaluation included). Orchestration overhead
-= the flow's wall time / the direct run's (training + final evaluation). Final return = mean of
-``EVAL_EPISODES`` deterministic episodes. Each process uses one torch thread. Last line: one JSON object.
+= the flow's wall time / the direct run's (training + final evaluation), sequential and overlapped alike. Final
+return = mean of ``EVAL_EPISODES`` deterministic episodes. Each process uses one torch thread. Last line: one
+JSON object; its un-suffixed keys are the default (sequential) configuration, ``*_overlap`` keys the overlapped.
 
-Run: ``python bench/ppo.py [--budget 300000] [--seeds 0,1,2] [--tasks HalfCheetah-v5,Hopper-v5]``
+Run: ``python bench/ppo.py [--budget 300000] [--seeds 0,1,2] [--tasks HalfCheetah-v5,Hopper-v5] [--systems ...]``
 """
 from __future__ import annotations
 
@@ -43,10 +50,11 @@ from rl_core.config import RunConfig, build_config  # noqa: E402
 EVAL_EPISODES = 10
 
 
-def config(task: str, seed: int, budget: int, store: str) -> RunConfig:
-    """The quick preset's shapes with as many iterations as the budget allows."""
+def config(task: str, seed: int, budget: int, store: str, overlap: bool) -> RunConfig:
+    """The quick preset's shapes with as many iterations as the budget allows, one trainer rank."""
     batch = build_config("quick", run_name="probe", env=task).batch_size
-    return build_config("quick", run_name=f"bench-{task}-s{seed}", env=task, seed=seed,
+    return build_config("quick", run_name=f"bench-{task}-s{seed}{'-overlap' * overlap}", env=task, seed=seed,
+                        num_ranks=1, overlap=overlap,
                         iterations=max(1, budget // batch), eval_episodes=EVAL_EPISODES, store=store)
 
 
@@ -59,7 +67,9 @@ def run_direct(cfg: RunConfig) -> dict[str, Any]:
 def run_flow(cfg: RunConfig) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "flows.train_control", "--preset", "quick", "--env", cfg.env, "--seed",
            str(cfg.seed), "--iterations", str(cfg.iterations), "--eval-episodes", str(cfg.eval_episodes),
-           "--run-name", cfg.run_name, "--store", cfg.store]
+           "--run-name", cfg.run_name, "--store", cfg.store, "--num-ranks", str(cfg.num_ranks)]
+    if cfg.overlap:
+        cmd.append("--overlap")
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
@@ -98,7 +108,8 @@ def run_sb3(cfg: RunConfig) -> dict[str, Any]:
             "final_return": float(mean)}
 
 
-SYSTEMS = {"direct": run_direct, "flow": run_flow, "sb3": run_sb3}
+SYSTEMS = {"direct": run_direct, "direct_overlap": run_direct, "flow": run_flow, "flow_overlap": run_flow,
+           "sb3": run_sb3}
 
 
 def main() -> None:
@@ -106,7 +117,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=300_000, help="env steps per run (default 300k; try 1M)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--tasks", default="HalfCheetah-v5,Hopper-v5")
-    parser.add_argument("--systems", default="direct,flow,sb3")
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
     args = parser.parse_args()
     torch.set_num_threads(1)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -115,12 +126,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for task in args.tasks.split(","):
             for seed in seeds:
-                cfg = config(task, seed, args.budget, f"file://{tmp}/runs")
                 for name in systems:
+                    cfg = config(task, seed, args.budget, f"file://{tmp}/runs", name.endswith("_overlap"))
                     r = SYSTEMS[name](cfg)
                     r["sps"] = r["env_steps"] / r["train_s"]
                     results.setdefault(task, {}).setdefault(name, []).append(r)
-                    print(f"{task:<16} seed {seed} {name:<6} {r['env_steps']:>8} steps in {r['train_s']:7.1f} s = "
+                    print(f"{task:<16} seed {seed} {name:<14} {r['env_steps']:>8} steps in {r['train_s']:7.1f} s = "
                           f"{r['sps']:7.0f} steps/s, final return {r['final_return']:8.1f}"
                           + (f" (whole command {r['cmd_s']:.1f} s)" if "cmd_s" in r else ""), flush=True)
     summary: dict[str, Any] = {"budget": args.budget, "seeds": seeds}
@@ -129,20 +140,25 @@ def main() -> None:
         mean = {n: {k: statistics.mean(r[k] for r in rs) for k in ("sps", "final_return", "wall_s")}
                 for n, rs in by_system.items()}
         for n, m in mean.items():
-            print(f"{task:<16} {n:<6} mean {m['sps']:7.0f} steps/s, final return {m['final_return']:8.1f} "
+            print(f"{task:<16} {n:<14} mean {m['sps']:7.0f} steps/s, final return {m['final_return']:8.1f} "
                   f"(std {np.std([r['final_return'] for r in by_system[n]]):.1f})")
+        for suffix in ("", "_overlap"):
+            direct, flow = mean.get("direct" + suffix), mean.get("flow" + suffix)
+            if "sb3" in mean:
+                if direct:
+                    summary[f"sps_vs_sb3_{key}{suffix}"] = round(direct["sps"] / mean["sb3"]["sps"], 3)
+                if flow:
+                    summary[f"flow_sps_vs_sb3_{key}{suffix}"] = round(flow["sps"] / mean["sb3"]["sps"], 3)
+            if direct or flow:
+                summary[f"return_gymflow_{key}{suffix}"] = round((direct or flow)["final_return"], 1)
+            if direct and flow:
+                summary[f"flow_overhead_{key}{suffix}"] = round(flow["wall_s"] / direct["wall_s"], 3)
         if "sb3" in mean:
-            summary[f"sps_vs_sb3_{key}"] = round(mean["direct"]["sps"] / mean["sb3"]["sps"], 3) if "direct" in mean else None
             summary[f"return_sb3_{key}"] = round(mean["sb3"]["final_return"], 1)
-            if "flow" in mean:
-                summary[f"flow_sps_vs_sb3_{key}"] = round(mean["flow"]["sps"] / mean["sb3"]["sps"], 3)
-        gymflow = mean.get("direct") or mean.get("flow")
-        if gymflow:
-            summary[f"return_gymflow_{key}"] = round(gymflow["final_return"], 1)
-        if "flow" in mean and "direct" in mean:
-            summary[f"flow_overhead_{key}"] = round(mean["flow"]["wall_s"] / mean["direct"]["wall_s"], 3)
-    overheads = [v for k, v in summary.items() if k.startswith("flow_overhead_")]
-    summary["flow_overhead"] = round(max(overheads), 3) if overheads else None
+    for suffix in ("", "_overlap"):
+        overheads = [v for k, v in summary.items() if k.startswith("flow_overhead_") and k.endswith(suffix)
+                     and (suffix or not k.endswith("_overlap"))]
+        summary[f"flow_overhead{suffix}"] = round(max(overheads), 3) if overheads else None
     summary["cpu_count"] = os.cpu_count()
     print(json.dumps(summary))
 
