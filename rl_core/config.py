@@ -64,8 +64,9 @@ class RunConfig(BaseModel):
     num_ranks: int = Field(2, ge=1, description="torch.distributed ranks of the trainer group (train shards).")
     overlap: bool = Field(
         False, description="Collect iteration i+1 while iteration i trains, acting with the policy from before "
-        "iteration i's update (one update stale; PPO's clipped ratio absorbs the lag). Keeps env workers and trainer "
-        "busy at once; changes the math, so it is part of what a run is and a continued run keeps it.")
+        "iteration i's update (one update stale; the update then clips against its own starting weights and weights "
+        "samples by proximal/behaviour probability: decoupled PPO). Keeps env workers and trainer busy at once; "
+        "changes the math, so it is part of what a run is and a continued run keeps it.")
     full_every: int = Field(8, ge=1, description="A full checkpoint every N versions, deltas in between.")
     eval_episodes: int = Field(5, ge=1, description="Deterministic episodes in the final evaluation.")
     epoch_checkpoint_every: int = Field(

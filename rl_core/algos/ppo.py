@@ -7,7 +7,7 @@ the global minibatch mean, so K ranks compute what one process would (up to floa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -38,9 +38,26 @@ class RolloutBatch:
     values: torch.Tensor  # (B,) behaviour value estimates
     advantages: torch.Tensor  # (B,)
     returns: torch.Tensor  # (B,) GAE returns, the value targets
+    advantage_weights: torch.Tensor | None = None  # (B,) set by `decoupled`: per-sample importance weights
 
     def __len__(self) -> int:
         return self.obs.shape[0]
+
+
+def decoupled(model: ActorCritic, batch: RolloutBatch) -> RolloutBatch:
+    """`batch` re-anchored on the policy the update starts from, for a batch an older policy collected (overlap).
+
+    Decoupled PPO (Hilton et al., 2022, "Batch size-invariance for policy optimization"): the clipped ratio is
+    taken against the proximal policy (the current weights, before this update), not the behaviour policy, so the
+    trust region sits where the update starts; each sample's advantage is weighted by proximal / behaviour
+    probability to stay an estimate under the proximal policy. The weight is truncated at 1 (as V-trace's rho-bar),
+    so a sample the behaviour policy rarely chose cannot dominate a minibatch. Call it before the first epoch:
+    its output depends only on the weights the update starts from, so a resumed update recomputes it exactly.
+    """
+    with torch.no_grad():
+        proximal = model.distribution(batch.obs).log_prob(batch.actions).sum(-1)
+    weights = torch.exp(proximal - batch.logprobs).clamp_(max=1.0)
+    return replace(batch, logprobs=proximal, advantage_weights=weights)
 
 
 def ppo_loss(
@@ -108,6 +125,8 @@ def ppo_update(
             adv = batch.advantages[mb]
             if cfg.norm_adv:  # statistics of the global minibatch, identical on every rank
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            if batch.advantage_weights is not None:
+                adv = adv * batch.advantage_weights[mb]
             local = slice(rank, None, world_size)
             loss, stats = ppo_loss(model, batch, mb[local], adv[local], cfg)
             if not torch.isfinite(loss):

@@ -19,7 +19,7 @@ import torch
 from rl_core.algos.advantages import score_experience
 from rl_core.algos.evaluation import evaluate_learner
 from rl_core.algos.learner import PPOLearner, policy_sha256
-from rl_core.algos.ppo import RolloutBatch, ppo_update, summarize_epochs
+from rl_core.algos.ppo import RolloutBatch, decoupled, ppo_update, summarize_epochs
 from rl_core.algos.rollout import collect_rollout
 from rl_core.config import RunConfig
 from rl_core.envs import make_batch
@@ -89,6 +89,8 @@ def _update(cfg: RunConfig, learner: PPOLearner, scored: dict[str, np.ndarray], 
     """The flow's train_shard update with one rank (same generator seed and learning-rate schedule)."""
     batch = RolloutBatch(*(torch.from_numpy(scored[k]) for k in
                            ("obs", "actions", "logprobs", "values", "advantages", "returns")))
+    if cfg.overlap:  # collected one update ago: clip against the weights the update starts from
+        batch = decoupled(learner.model, batch)
     frac = 1.0 - iteration / cfg.iterations if cfg.ppo.anneal_lr else 1.0
     return ppo_update(learner.model, learner.optimizer, batch, cfg.ppo,
                       generator_seed=derive_seed(cfg.seed, iteration, 7),

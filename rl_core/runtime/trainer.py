@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from rl_core.algos.learner import PPOLearner
-from rl_core.algos.ppo import RolloutBatch, ppo_update, summarize_epochs
+from rl_core.algos.ppo import RolloutBatch, decoupled, ppo_update, summarize_epochs
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout, read_tensors, write_tensors
@@ -80,12 +80,16 @@ class TrainerRank:
             return self._completed[2]
         self._sync(version)
         self.learner_version = None  # mid-update until it completes
+        arrays, _ = read_tensors(self.layout.scored(iteration))
+        batch = RolloutBatch(*(torch.from_numpy(arrays[k]) for k in
+                               ("obs", "actions", "logprobs", "values", "advantages", "returns")))
+        if self.cfg.overlap:  # collected one update ago; anchored on the weights of `version`, before any resume
+            batch = decoupled(self.learner.model, batch)
         progress = CheckpointStore(self.layout.train_progress(iteration), full_every=self.cfg.full_every)
         history = self._restore_progress(progress, iteration, version)
         resumed_epochs = len(history)
-        arrays, _ = read_tensors(self.layout.scored(iteration))
         if not (history and history[-1]["early_stop"]) and len(history) < self.cfg.ppo.update_epochs:
-            history += self._update(progress, iteration, version, arrays, done=history)
+            history += self._update(progress, iteration, version, batch, done=history)
         self.learner.update_statistics(
             Moments(float(arrays["obs_moments.count"]), arrays["obs_moments.mean"], arrays["obs_moments.m2"]),
             Moments(float(arrays["ret_moments.count"]), arrays["ret_moments.mean"], arrays["ret_moments.m2"]),
@@ -99,10 +103,8 @@ class TrainerRank:
         self._completed = (iteration, version, metrics)
         return metrics
 
-    def _update(self, progress: CheckpointStore, iteration: int, version: int, arrays: dict[str, np.ndarray],
+    def _update(self, progress: CheckpointStore, iteration: int, version: int, batch: RolloutBatch,
                 done: list[dict[str, float]]) -> list[dict[str, float]]:
-        batch = RolloutBatch(*(torch.from_numpy(arrays[k]) for k in
-                               ("obs", "actions", "logprobs", "values", "advantages", "returns")))
         cfg = self.cfg.ppo
         frac = 1.0 - iteration / self.cfg.iterations if cfg.anneal_lr else 1.0
         history = list(done)

@@ -26,3 +26,23 @@ def test_overlap_changes_the_math_but_stays_reproducible() -> None:
     # Iteration 0 collects with version 0 either way; the update of iteration 0 is the same in both.
     update_metrics = [{k: v for k, v in run.iterations[0].items() if k != "mean_return"} for run in runs]
     assert update_metrics[0] == update_metrics[2]  # (mean_return is NaN: tiny episodes never finish)
+
+
+def test_decoupled_batch_clips_against_the_current_policy_and_weights_by_behaviour() -> None:
+    """Proximal log-probs replace the behaviour ones; weights are proximal/behaviour probability, at most 1."""
+    from rl_core.algos.learner import PPOLearner
+    from rl_core.algos.ppo import RolloutBatch, decoupled
+    from rl_core.config import PPOConfig
+
+    model = PPOLearner(5, 2, PPOConfig(), seed=0).model
+    gen = torch.Generator().manual_seed(0)
+    obs, actions = torch.randn(6, 5, generator=gen), torch.randn(6, 2, generator=gen)
+    with torch.no_grad():
+        current = model.distribution(obs).log_prob(actions).sum(-1)
+    shift = torch.tensor([0.0, 0.5, -0.5, 2.0, -2.0, 0.0])  # behaviour log-prob - current log-prob
+    zeros = torch.zeros(6)
+    batch = decoupled(model, RolloutBatch(obs, actions, current + shift, zeros, torch.ones(6), zeros))
+    assert torch.allclose(batch.logprobs, current)
+    expected = torch.exp(-shift).clamp(max=1.0)  # behaviour less likely than now: truncated at 1
+    assert torch.allclose(batch.advantage_weights, expected)
+    assert torch.equal(batch.advantages, torch.ones(6))  # weights are applied per minibatch, after normalization
