@@ -75,8 +75,7 @@ def iteration_s(mode: str | None) -> float:
     parts = [collect_rollout(env, learner, STEPS, cfg.gamma, np.zeros(ENVS), torch_generator(0, 0, w * ENVS))[0]
              for w, env in enumerate(envs)]
     scored = score_experience(parts, 1.0, cfg.gamma, cfg.gae_lambda)
-    batch = RolloutBatch(*(torch.from_numpy(scored[k]) for k in
-                           ("obs", "actions", "logprobs", "values", "advantages", "returns")))
+    batch = RolloutBatch.from_scored(scored)
     ppo_update(learner.model, learner.optimizer, batch, cfg, generator_seed=0, learning_rate=cfg.learning_rate)
     return time.perf_counter() - start
 

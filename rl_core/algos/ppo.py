@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -42,6 +43,12 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return self.obs.shape[0]
+
+    @classmethod
+    def from_scored(cls, scored: dict[str, np.ndarray]) -> "RolloutBatch":
+        """The update's tensors from the score step's arrays (shared memory, no copies)."""
+        return cls(*(torch.from_numpy(scored[k]) for k in
+                     ("obs", "actions", "logprobs", "values", "advantages", "returns")))
 
 
 def decoupled(model: ActorCritic, batch: RolloutBatch) -> RolloutBatch:

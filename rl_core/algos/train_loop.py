@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-import torch
 
 from rl_core.algos.advantages import score_experience
 from rl_core.algos.evaluation import evaluate_learner
@@ -87,8 +86,7 @@ def train_in_process(
 
 def _update(cfg: RunConfig, learner: PPOLearner, scored: dict[str, np.ndarray], iteration: int) -> list[dict]:
     """The flow's train_shard update with one rank (same generator seed and learning-rate schedule)."""
-    batch = RolloutBatch(*(torch.from_numpy(scored[k]) for k in
-                           ("obs", "actions", "logprobs", "values", "advantages", "returns")))
+    batch = RolloutBatch.from_scored(scored)
     if cfg.overlap:  # collected one update ago: clip against the weights the update starts from
         batch = decoupled(learner.model, batch)
     frac = 1.0 - iteration / cfg.iterations if cfg.ppo.anneal_lr else 1.0

@@ -36,6 +36,9 @@ class ActorCritic(nn.Module):
         self.actor = _mlp(obs_dim, hidden, act_dim, out_gain=0.01)
         self.critic = _mlp(obs_dim, hidden, 1, out_gain=1.0)
         self.log_std = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
+        # The 12 tensors `policy_mlp_forward` takes, gathered once: loading a state copies into these same tensors.
+        linears = [layer for mlp in (self.actor, self.critic) for layer in mlp if isinstance(layer, nn.Linear)]
+        self._forward_params = tuple(p for layer in linears for p in (layer.weight, layer.bias))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """(B,) state values."""
@@ -45,10 +48,9 @@ class ActorCritic(nn.Module):
         """(B, A) action means and (B,) values in one call: what a rollout needs every step. Goes through the
         tuned `policy_mlp_forward` kernel when both MLPs have its shape (two hidden layers), which saves most
         of the per-layer dispatch cost at rollout batch sizes; layer by layer otherwise."""
-        linears = [layer for mlp in (self.actor, self.critic) for layer in mlp if isinstance(layer, nn.Linear)]
-        if len(linears) != 6:
+        if len(self._forward_params) != 12:
             return self.actor(obs), self.value(obs)
-        return _POLICY_FORWARD(obs, *(p for layer in linears for p in (layer.weight, layer.bias)))
+        return _POLICY_FORWARD(obs, *self._forward_params)
 
     def distribution(self, obs: torch.Tensor) -> torch.distributions.Normal:
         """Diagonal Gaussian over actions."""

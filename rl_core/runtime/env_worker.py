@@ -74,8 +74,10 @@ class EnvWorker:
     def _sync(self, version: int, policy_version: int) -> None:
         """Bring the envs to checkpoint `version` and the policy to `policy_version`, reading the store only
         for what the worker does not already hold."""
+        loaded = None
         if self.policy_version != policy_version:
-            self.learner.load_policy(self.store.load(policy_version).tensors)
+            loaded = self.store.load(policy_version)
+            self.learner.load_policy(loaded.tensors)
             self.policy_version = policy_version
         if self.env_version == version:
             return
@@ -84,7 +86,7 @@ class EnvWorker:
             return
         if self.cfg.overlap:
             self._wait_until_committed(version)
-        snapshot = self.store.load(version)
+        snapshot = loaded if policy_version == version and loaded is not None else self.store.load(version)
         rows = slice(self.env_offset, self.env_offset + self.num_envs)
         env_state = {k[len(ENV_PREFIX):]: v[rows] for k, v in snapshot.tensors.items() if k.startswith(ENV_PREFIX)}
         if not env_state:

@@ -81,8 +81,7 @@ class TrainerRank:
         self._sync(version)
         self.learner_version = None  # mid-update until it completes
         arrays, _ = read_tensors(self.layout.scored(iteration))
-        batch = RolloutBatch(*(torch.from_numpy(arrays[k]) for k in
-                               ("obs", "actions", "logprobs", "values", "advantages", "returns")))
+        batch = RolloutBatch.from_scored(arrays)
         if self.cfg.overlap:  # collected one update ago; anchored on the weights of `version`, before any resume
             batch = decoupled(self.learner.model, batch)
         progress = CheckpointStore(self.layout.train_progress(iteration), full_every=self.cfg.full_every)

@@ -31,8 +31,7 @@ def test_collect_score_and_update(name: str) -> None:
     assert np.isfinite(arrays["rewards"]).all() and info["env_steps"] == STEPS * NUM_ENVS
 
     scored = score_experience([arrays], 1.0, CFG.gamma, CFG.gae_lambda)
-    batch = RolloutBatch(*(torch.from_numpy(scored[k]) for k in
-                           ("obs", "actions", "logprobs", "values", "advantages", "returns")))
+    batch = RolloutBatch.from_scored(scored)
     metrics = summarize_epochs(ppo_update(learner.model, learner.optimizer, batch, CFG, generator_seed=0,
                                           learning_rate=CFG.learning_rate))
     assert np.isfinite(list(metrics.values())).all()
