@@ -44,7 +44,8 @@ from rl_core.seeding import torch_generator  # noqa: E402
 
 TASK, WORKERS, ENVS, STEPS, OBS_DIM, ACT_DIM = "HalfCheetah-v5", 2, 32, 128, 17, 6
 """The quick preset on HalfCheetah."""
-ITERATION_OPS = {"gae": {"T": STEPS, "N": WORKERS * ENVS}, "ppo_loss": {"B": PPOConfig().minibatch_size},
+ITERATION_OPS = {"gae": {"T": STEPS, "N": WORKERS * ENVS},
+                 "ppo_grad": {"B": PPOConfig().minibatch_size, "D": OBS_DIM, "H": 64, "A": ACT_DIM},
                  "policy_mlp_forward": {"B": ENVS, "D": OBS_DIM, "H": 64, "A": ACT_DIM}}
 """What the iteration dispatches, at its shapes (one process, so a minibatch is not split across ranks)."""
 

@@ -23,7 +23,7 @@ import torch
 warnings.filterwarnings("ignore", message=r"'kernels\.autotune' found in sys\.modules", category=RuntimeWarning)
 
 # Each op module registers its op on import.
-from kernels import gae, grpo_loss, logprobs, policy_mlp, ppo_loss, returns  # noqa: E402,F401
+from kernels import gae, grpo_loss, logprobs, policy_mlp, ppo_grad, ppo_loss, returns  # noqa: E402,F401
 from kernels.autotune import autotune  # noqa: E402
 from kernels.cache import WinnerFile, cache_key, winners_path  # noqa: E402
 from kernels.registry import (  # noqa: E402

@@ -72,7 +72,7 @@ def policy_mlp_numpy(obs: Tensor, *params: Tensor) -> tuple[Tensor, Tensor]:
     return torch.from_numpy(mean), torch.from_numpy(value[:, 0].copy())
 
 
-_CPP_SOURCE = r"""
+CPP_LAYERS = r"""
 // Nothing here reads floating-point exception flags; without this GCC keeps the clamp in tanh as branches (they
 // could trap) and will not vectorize the tanh loop, which then costs as much as both matmuls.
 #pragma GCC optimize("no-trapping-math")
@@ -98,42 +98,88 @@ static inline float fast_tanh(float x) {
   return x * p / q;
 }
 
-// y[B, out] (row stride ys) = x[B, in] @ w[out, in]^T + b, then tanh if asked. The weight is transposed first so
-// each step of the loop over inputs reads contiguous outputs; blocks of 16 outputs accumulate in registers across
-// the whole input loop (the compiler vectorizes the fixed-size inner loop) and are stored once. Each output is
-// still the sum over inputs in input order, as in the reference loop.
+// Eight floats in one AVX register (GCC/Clang vector extension; two registers on narrower SIMD). Spelled out because
+// GCC does not keep a 2-D array of accumulators in registers on its own: it spills them and runs 3x slower.
+typedef float v8 __attribute__((vector_size(32)));
+static inline v8 load8(const float* p) { v8 v; __builtin_memcpy(&v, p, sizeof v); return v; }
+static inline void store8(float* p, v8 v) { __builtin_memcpy(p, &v, sizeof v); }
+
+// R rows x 16 outputs (from ob) of y = x @ wt + b, wt [in, out] (a weight transposed): the R x 16 sums stay in
+// registers across the whole loop over inputs and are stored once. R independent rows keep 2R chains of
+// multiply-adds in flight (one chain waits out each add's latency). x's element (row r, input i) is at
+// r * xr + i * xi, so a transposed x is read in place. Each output is the sum over inputs in input order.
+template <int R>
+static inline void linear_block(const float* __restrict x, std::int64_t xr, std::int64_t xi,
+                                const float* __restrict wt, const float* __restrict b, float* __restrict y,
+                                std::int64_t in, std::int64_t out, std::int64_t ys, std::int64_t ob) {
+  v8 acc[R][2];
+  const v8 b0 = load8(b + ob), b1 = load8(b + ob + 8);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r][0] = b0, acc[r][1] = b1;
+  for (std::int64_t i = 0; i < in; ++i) {
+    const v8 w0 = load8(wt + i * out + ob), w1 = load8(wt + i * out + ob + 8);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const float xv = x[r * xr + i * xi];
+      acc[r][0] += xv * w0;
+      acc[r][1] += xv * w1;
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) store8(y + r * ys + ob, acc[r][0]), store8(y + r * ys + ob + 8, acc[r][1]);
+}
+
+// x[in] . w[in] in 8 interleaved partial sums (a vector register), for outputs that do not fill a block of 16.
+static inline float dot(const float* __restrict x, const float* __restrict w, std::int64_t in) {
+  float part[8] = {};
+  std::int64_t i = 0;
+  for (; i + 8 <= in; i += 8)
+    for (int k = 0; k < 8; ++k) part[k] += x[i + k] * w[i + k];
+  float sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  for (; i < in; ++i) sum += x[i] * w[i];
+  return sum;
+}
+
+// y[B, :full] (row stride ys) = x[B, in] @ wt[in, :full] + b (wt's row stride `out`), `full` a multiple of 16,
+// x's element (r, i) at r * xr + i * xi: `linear_block` on six rows at a time, then on each row left over.
+static void matmul_blocks(const float* __restrict x, std::int64_t xr, std::int64_t xi, const float* __restrict wt,
+                          const float* __restrict b, float* __restrict y, std::int64_t B, std::int64_t in,
+                          std::int64_t out, std::int64_t ys, std::int64_t full) {
+  constexpr std::int64_t K = 16, R = 6;
+  std::int64_t r = 0;
+  for (; r + R <= B; r += R)
+    for (std::int64_t ob = 0; ob < full; ob += K)
+      linear_block<R>(x + r * xr, xr, xi, wt, b, y + r * ys, in, out, ys, ob);
+  for (; r < B; ++r)
+    for (std::int64_t ob = 0; ob < full; ob += K)
+      linear_block<1>(x + r * xr, xr, xi, wt, b, y + r * ys, in, out, ys, ob);
+}
+
+// y[B, out] (row stride ys) = x[B, in] @ w[out, in]^T + b, then tanh if asked. Blocks of 16 outputs go through
+// `matmul_blocks` on the transposed weight; the outputs left over (an action head, a value) are dot products with
+// the weight's rows.
 static void linear(const float* __restrict x, const float* __restrict w, const float* __restrict b,
                    float* __restrict y, std::int64_t B, std::int64_t in, std::int64_t out, std::int64_t ys,
                    bool apply_tanh, std::vector<float>& wt) {
-  constexpr std::int64_t K = 16;
-  wt.resize(in * out);
-  for (std::int64_t o = 0; o < out; ++o)
-    for (std::int64_t i = 0; i < in; ++i) wt[i * out + o] = w[o * in + i];
-  const float* __restrict wtp = wt.data();
-  const std::int64_t full = out - out % K;
+  const std::int64_t full = out - out % 16;
+  if (full > 0) {
+    wt.resize(in * out);
+    for (std::int64_t o = 0; o < out; ++o)
+      for (std::int64_t i = 0; i < in; ++i) wt[i * out + o] = w[o * in + i];
+    matmul_blocks(x, in, 1, wt.data(), b, y, B, in, out, ys, full);
+  }
   for (std::int64_t r = 0; r < B; ++r) {
     const float* __restrict xr = x + r * in;
     float* __restrict yr = y + r * ys;
-    for (std::int64_t ob = 0; ob < full; ob += K) {
-      float acc[K];
-      for (std::int64_t k = 0; k < K; ++k) acc[k] = b[ob + k];
-      for (std::int64_t i = 0; i < in; ++i) {
-        const float xi = xr[i];
-        const float* __restrict wi = wtp + i * out + ob;
-        for (std::int64_t k = 0; k < K; ++k) acc[k] += xi * wi[k];
-      }
-      for (std::int64_t k = 0; k < K; ++k) yr[ob + k] = acc[k];
-    }
-    for (std::int64_t o = full; o < out; ++o) {
-      float acc = b[o];
-      for (std::int64_t i = 0; i < in; ++i) acc += xr[i] * wtp[i * out + o];
-      yr[o] = acc;
-    }
+    for (std::int64_t o = full; o < out; ++o) yr[o] = b[o] + dot(xr, w + o * in, in);
     if (apply_tanh)
       for (std::int64_t o = 0; o < out; ++o) yr[o] = fast_tanh(yr[o]);
   }
 }
+"""
+"""C++ shared by the MLP kernels (also `kernels.ppo_grad`): vectorizable tanh and a register-blocked linear layer."""
 
+_CPP_SOURCE = CPP_LAYERS + r"""
 // Actor (D -> h[0] -> h[1] -> A) into mean[B, A], critic (D -> h[2] -> h[3] -> 1) into value[B]; p holds the 12
 // parameters in the op's order and h the 4 hidden widths.
 extern "C" void gymflow_actor_critic(const float* x, const float* const* p, const std::int64_t* h, float* mean,
@@ -159,7 +205,7 @@ def policy_mlp_cpp(obs: Tensor, *params: Tensor) -> tuple[Tensor, Tensor]:
     kernel = load_function("policy_mlp", _CPP_SOURCE, "gymflow_actor_critic", (PTR,) * 5 + (I64,) * 3)
     x, *p = float32_cpu("policy_mlp_forward", obs, *params)
     B, D = x.shape
-    widths, A = _cpp_layout(D, tuple(t.shape for t in p))
+    widths, A = mlp_layout(D, tuple(t.shape for t in p))
     mean, value = torch.empty(B, A), torch.empty(B)
     kernel(x.data_ptr(), (ctypes.c_void_p * 12)(*[t.data_ptr() for t in p]), widths, mean.data_ptr(),
            value.data_ptr(), B, D, A)
@@ -167,7 +213,7 @@ def policy_mlp_cpp(obs: Tensor, *params: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @functools.lru_cache(maxsize=64)
-def _cpp_layout(D: int, shapes: tuple[torch.Size, ...]) -> tuple[ctypes.Array, int]:
+def mlp_layout(D: int, shapes: tuple[torch.Size, ...]) -> tuple[ctypes.Array, int]:
     """Hidden widths (as the C array the kernel reads) and action count of parameters with `shapes`, checked to
     chain from obs width D: C++ would read out of bounds, not raise."""
     if len(shapes) != 12:

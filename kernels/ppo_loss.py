@@ -46,7 +46,7 @@ def ppo_loss_reference(
     return loss, pg_loss.detach(), v_loss.detach(), entropy_mean.detach(), approx_kl, clip_fraction
 
 
-def _loss_and_grads(xp: ModuleType, nl, ol, adv, v, ov, ret, ent, clip: float, vf: float, ec: float, clip_v: bool):
+def loss_and_grads(xp: ModuleType, nl, ol, adv, v, ov, ret, ent, clip: float, vf: float, ec: float, clip_v: bool):
     """Loss, statistics and d loss / d (new_logprob, value, entropy) in one pass; `xp` is torch or numpy."""
     n = nl.shape[0]
     log_ratio = nl - ol
@@ -86,7 +86,7 @@ def ppo_loss_fused(
     tensors = (new_logprob, old_logprob, advantages, value, old_value, returns, entropy)
 
     def compute() -> tuple:
-        outputs, (g_nl, g_v, g_ent) = _loss_and_grads(torch, *(x.detach() for x in tensors), clip_coef, vf_coef,
+        outputs, (g_nl, g_v, g_ent) = loss_and_grads(torch, *(x.detach() for x in tensors), clip_coef, vf_coef,
                                                        ent_coef, clip_vloss)
         return (*outputs[:-1], outputs[-1].to(torch.float32)), (g_nl, None, None, g_v, None, None, g_ent)
 
@@ -102,14 +102,14 @@ def ppo_loss_numpy(
 
     def compute() -> tuple:
         arrays = [x.detach().numpy() for x in float32_cpu("ppo_loss", *tensors)]
-        outputs, (g_nl, g_v, g_ent) = _loss_and_grads(np, *arrays, clip_coef, vf_coef, ent_coef, clip_vloss)
+        outputs, (g_nl, g_v, g_ent) = loss_and_grads(np, *arrays, clip_coef, vf_coef, ent_coef, clip_vloss)
         outputs = tuple(torch.tensor(float(x), dtype=torch.float32) for x in outputs)
         return outputs, (torch.from_numpy(g_nl), None, None, torch.from_numpy(g_v), None, None, torch.from_numpy(g_ent))
 
     return fused_loss(compute, *tensors)
 
 
-_CPP_SOURCE = r"""
+CPP_PPO_LOSS = r"""
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -155,13 +155,13 @@ extern "C" void gymflow_ppo_loss(const float* nl, const float* ol, const float* 
 """
 
 
-@candidate(source=_CPP_SOURCE)
+@candidate(source=CPP_PPO_LOSS)
 def ppo_loss_cpp(
     new_logprob: Tensor, old_logprob: Tensor, advantages: Tensor, value: Tensor, old_value: Tensor,
     returns: Tensor, entropy: Tensor, clip_coef: float, vf_coef: float, ent_coef: float, clip_vloss: bool,
 ) -> tuple[Tensor, ...]:
     """One C++ loop for loss, statistics and gradients (built on first use, cached on disk)."""
-    kernel = load_function("ppo_loss", _CPP_SOURCE, "gymflow_ppo_loss",
+    kernel = load_function("ppo_loss", CPP_PPO_LOSS, "gymflow_ppo_loss",
                            (PTR,) * 7 + (I64,) + (F64,) * 3 + (I64,) + (PTR,) * 4)
     tensors = (new_logprob, old_logprob, advantages, value, old_value, returns, entropy)
 

@@ -26,16 +26,19 @@ from tasks.caching import STEP_OPTIONS
 def hot_ops(cfg: RunConfig) -> dict[str, tuple[dict, int | None]]:
     """Each dispatched op of this run: the shape it is called with and the torch thread count of the process
     that calls it (winners are looked up by it): GAE over the whole rollout in the score step (this process),
-    the PPO loss on one rank's share of a minibatch in the trainer ranks, and the policy's forward pass on one
-    env worker's envs at every step (when the policy has two hidden layers of one width)."""
-    ops = {
-        "gae": ({"T": cfg.rollout_steps, "N": cfg.num_workers * cfg.envs_per_worker}, None),
-        "ppo_loss": ({"B": cfg.ppo.minibatch_size // cfg.num_ranks}, TRAINER_THREADS),
-    }
-    if len(cfg.ppo.hidden) == 2 and cfg.ppo.hidden[0] == cfg.ppo.hidden[1]:  # the shapes the op is tuned for
+    the PPO gradient on one rank's share of a minibatch in the trainer ranks, and the policy's forward pass on
+    one env worker's envs at every step. A policy with two hidden layers of one width (the shape the MLP ops
+    are tuned for) takes the whole minibatch gradient (`ppo_grad`); any other only the loss (`ppo_loss`)."""
+    ops: dict[str, tuple[dict, int | None]] = {
+        "gae": ({"T": cfg.rollout_steps, "N": cfg.num_workers * cfg.envs_per_worker}, None)}
+    minibatch = cfg.ppo.minibatch_size // cfg.num_ranks
+    if len(cfg.ppo.hidden) == 2 and cfg.ppo.hidden[0] == cfg.ppo.hidden[1]:
         probe = make_batch(cfg.env, 1, seed=0)  # only for the observation and action sizes
-        ops["policy_mlp_forward"] = ({"B": cfg.envs_per_worker, "D": probe.obs_dim, "H": cfg.ppo.hidden[0],
-                                      "A": probe.action_dim}, ENV_WORKER_THREADS)
+        widths = {"D": probe.obs_dim, "H": cfg.ppo.hidden[0], "A": probe.action_dim}
+        ops["ppo_grad"] = ({"B": minibatch, **widths}, TRAINER_THREADS)
+        ops["policy_mlp_forward"] = ({"B": cfg.envs_per_worker, **widths}, ENV_WORKER_THREADS)
+    else:
+        ops["ppo_loss"] = ({"B": minibatch}, TRAINER_THREADS)
     return ops
 
 

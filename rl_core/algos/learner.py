@@ -24,7 +24,7 @@ class PPOLearner:
         torch.manual_seed(seed)
         self.cfg = cfg
         self.model = ActorCritic(obs_dim, act_dim, cfg.hidden, cfg.log_std_init)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=1e-5, foreach=True)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
         self.obs_norm = ObservationNormalizer(obs_dim)
         self.return_norm = ObservationNormalizer(1)  # variance of discounted returns, for reward scaling
 

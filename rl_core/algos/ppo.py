@@ -20,6 +20,7 @@ from rl_core.policies.mlp import ActorCritic
 from rl_core.seeding import torch_generator
 
 _ppo_loss = kernels.dispatch("ppo_loss")  # the tuned winner for each minibatch size, or the reference
+_ppo_grad = kernels.dispatch("ppo_grad")  # model forward + loss + backward in one call, for two-hidden-layer models
 
 # Averages a flat gradient (or metric) vector across ranks in place; identity for a single process.
 AllReduceMean = Callable[[torch.Tensor], None]
@@ -88,16 +89,42 @@ def ppo_loss(
     return loss, stats
 
 
-def _flat_grad(params: list[nn.Parameter]) -> torch.Tensor:
-    return torch.cat([p.grad.reshape(-1) for p in params])
+def minibatch_gradient(
+    model: ActorCritic, batch: RolloutBatch, idx: torch.Tensor, adv: torch.Tensor, cfg: PPOConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(stats [loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction], gradient of the loss w.r.t.
+    `model.ordered_parameters`, flattened in that order) on samples `idx` with (normalized) advantages `adv`.
+
+    A model with the `ppo_grad` op's shape (two hidden layers per MLP) goes through the tuned op, whose reference is
+    the autograd path below op for op; any other model takes that path directly.
+    """
+    if model.fused_gradient_shape:
+        return _ppo_grad(batch.obs[idx], batch.actions[idx], batch.logprobs[idx], adv, batch.values[idx],
+                         batch.returns[idx], *model.ordered_parameters, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef,
+                         cfg.clip_vloss)
+    loss, stats = ppo_loss(model, batch, idx, adv, cfg)
+    grads = torch.autograd.grad(loss, model.ordered_parameters)
+    return torch.stack([loss.detach(), *stats.values()]), torch.cat([g.reshape(-1) for g in grads])
 
 
-def _set_flat_grad(params: list[nn.Parameter], flat: torch.Tensor) -> None:
+STAT_NAMES = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+"""What the stats vector of `minibatch_gradient` holds, in order."""
+
+
+def _flat_grad_views(params: tuple[nn.Parameter, ...]) -> torch.Tensor:
+    """One flat buffer whose slices become each parameter's `.grad`: a minibatch's flat gradient (what the ranks
+    all-reduce) lands in every `.grad` with one copy, and the norm clip is one reduction over it."""
+    flat = torch.zeros(sum(p.numel() for p in params))
     offset = 0
     for p in params:
-        n = p.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p))
-        offset += n
+        p.grad = flat[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
+
+def _clip_grad_norm(flat: torch.Tensor, max_norm: float) -> None:
+    """`nn.utils.clip_grad_norm_` on the flat gradient: scale it to norm `max_norm` when it is longer."""
+    flat.mul_(torch.clamp(max_norm / (torch.linalg.vector_norm(flat) + 1e-6), max=1.0))
 
 
 def ppo_update(
@@ -120,12 +147,12 @@ def ppo_update(
     """
     for group in optimizer.param_groups:
         group["lr"] = learning_rate
-    params = [p for p in model.parameters() if p.requires_grad]
+    grad = _flat_grad_views(model.ordered_parameters)
     size = len(batch)
     history: list[dict[str, float]] = []
     for epoch in range(start_epoch, cfg.update_epochs):
         perm = torch.randperm(size, generator=torch_generator(generator_seed, epoch))
-        totals: dict[str, torch.Tensor] = {}
+        totals: torch.Tensor | None = None
         steps = 0
         for start in range(0, size, cfg.minibatch_size):
             mb = perm[start : start + cfg.minibatch_size]
@@ -135,27 +162,21 @@ def ppo_update(
             if batch.advantage_weights is not None:
                 adv = adv * batch.advantage_weights[mb]
             local = slice(rank, None, world_size)
-            loss, stats = ppo_loss(model, batch, mb[local], adv[local], cfg)
-            if not torch.isfinite(loss):
+            stats, minibatch_grad = minibatch_gradient(model, batch, mb[local], adv[local], cfg)
+            if not torch.isfinite(stats[0]):
                 raise FloatingPointError(
-                    f"PPO loss is {loss.item()} at epoch {epoch}, minibatch {start // cfg.minibatch_size} "
+                    f"PPO loss is {stats[0].item()} at epoch {epoch}, minibatch {start // cfg.minibatch_size} "
                     f"(rank {rank}); the weights were not updated with it and the last committed version is "
                     "intact. Lower ppo.learning_rate or check the rewards/observations for NaN or inf.")
-            optimizer.zero_grad(set_to_none=False)
-            loss.backward()
-            if world_size > 1:
-                flat = _flat_grad(params)
-                all_reduce_mean(flat)
-                _set_flat_grad(params, flat)
-            nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True)
+            grad.copy_(minibatch_grad)
+            all_reduce_mean(grad)
+            _clip_grad_norm(grad, cfg.max_grad_norm)
             optimizer.step()
-            for k, v in stats.items():
-                totals[k] = totals.get(k, torch.zeros(())) + v
+            totals = stats if totals is None else totals + stats
             steps += 1
-        names = sorted(totals)
-        means = torch.stack([totals[k] / steps for k in names])
+        means = totals[1:] / steps  # the loss itself is not reported, as before
         all_reduce_mean(means)  # every rank sees (and decides on) the same numbers
-        metrics = {k: float(v) for k, v in zip(names, means)}
+        metrics = {k: float(v) for k, v in sorted(zip(STAT_NAMES[1:], means))}
         stop = cfg.target_kl is not None and metrics["approx_kl"] > cfg.target_kl
         metrics.update(epoch=float(epoch), minibatch_steps=float(steps), early_stop=float(stop))
         history.append(metrics)

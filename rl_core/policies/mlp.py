@@ -36,9 +36,16 @@ class ActorCritic(nn.Module):
         self.actor = _mlp(obs_dim, hidden, act_dim, out_gain=0.01)
         self.critic = _mlp(obs_dim, hidden, 1, out_gain=1.0)
         self.log_std = nn.Parameter(torch.full((act_dim,), float(log_std_init)))
-        # The 12 tensors `policy_mlp_forward` takes, gathered once: loading a state copies into these same tensors.
+        # Gathered once (loading a state copies into these same tensors): the actor's linear layers' weights and
+        # biases, the critic's, then log_std. The order of the flat gradient and of the fused kernels' arguments.
         linears = [layer for mlp in (self.actor, self.critic) for layer in mlp if isinstance(layer, nn.Linear)]
-        self._forward_params = tuple(p for layer in linears for p in (layer.weight, layer.bias))
+        self.ordered_parameters = (*(p for layer in linears for p in (layer.weight, layer.bias)), self.log_std)
+        self._forward_params = self.ordered_parameters[:-1]
+
+    @property
+    def fused_gradient_shape(self) -> bool:
+        """Whether both MLPs have two hidden layers: the shape `policy_mlp_forward` and `ppo_grad` take."""
+        return len(self._forward_params) == 12
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """(B,) state values."""
@@ -48,7 +55,7 @@ class ActorCritic(nn.Module):
         """(B, A) action means and (B,) values in one call: what a rollout needs every step. Goes through the
         tuned `policy_mlp_forward` kernel when both MLPs have its shape (two hidden layers), which saves most
         of the per-layer dispatch cost at rollout batch sizes; layer by layer otherwise."""
-        if len(self._forward_params) != 12:
+        if not self.fused_gradient_shape:
             return self.actor(obs), self.value(obs)
         return _POLICY_FORWARD(obs, *self._forward_params)
 

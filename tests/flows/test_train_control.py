@@ -45,7 +45,7 @@ def test_tiny_run_commits_every_iteration_and_evaluates(tmp_path) -> None:
     assert names.count("simulate") == 2 and names.count("score") == 2 and names.count("checkpoint_diff") == 2
     assert names.count("train_shard") == 4 and names.count("kernel_autotune") == 1
     tuned = json.loads((tmp_path / "runs" / "e2e" / "kernels" / "autotune.json").read_text())
-    assert [op["op"] for op in tuned["ops"]] == ["gae", "ppo_loss", "policy_mlp_forward"]
+    assert [op["op"] for op in tuned["ops"]] == ["gae", "ppo_grad", "policy_mlp_forward"]
     assert tuned == summary["kernels"]
 
 

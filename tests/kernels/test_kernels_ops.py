@@ -16,6 +16,7 @@ SHAPES = {
     "grpo_loss": {"B": 12, "T": 9, "G": 4},
     "token_logprobs": {"B": 2, "T": 5, "D": 16, "V": 50},
     "policy_mlp_forward": {"B": 9, "D": 17, "H": 16, "A": 6},
+    "ppo_grad": {"B": 9, "D": 17, "H": 16, "A": 6},
 }
 """Small test shapes per op (GAE has its own tests); edge cases come with each op."""
 
@@ -43,6 +44,7 @@ def test_candidate_matches_reference_outputs_and_gradients(op_name: str, name: s
 
 BF16 = [("ppo_loss", "fused"), ("grpo_loss", "fused"), ("token_logprobs", "logsumexp"), ("token_logprobs", "fused"),
         ("token_logprobs", "chunked"), ("policy_mlp_forward", "addmm"), ("policy_mlp_forward", "stacked")]
+"""Not ppo_grad: a whole network's gradient summed in bf16 differs by a few percent with summation order alone."""
 
 
 @pytest.mark.parametrize(("op_name", "name"), BF16, ids=[f"{o}-{n}" for o, n in BF16])
@@ -116,6 +118,31 @@ def test_ppo_loss_reference_is_bit_identical_to_the_trainers_loss() -> None:
         outputs[0].backward()
         found = [outputs[0].detach(), *outputs[1:], *(p.grad.clone() for p in model.parameters())]
         assert all(torch.equal(a, b) for a, b in zip(want, found))
+
+
+def test_ppo_grad_reference_is_bit_identical_to_the_trainers_autograd_path() -> None:
+    """The update's fused route (`ppo_grad`, reference chosen) and its autograd route for other model shapes give
+    the same bits, so which route a model takes changes nothing but speed; a tuned winner stays within 1e-5."""
+    from rl_core.algos import ppo
+    from rl_core.config import PPOConfig
+    from rl_core.policies.mlp import ActorCritic
+
+    torch.manual_seed(0)
+    model, B = ActorCritic(5, 2), 64
+    batch = ppo.RolloutBatch(torch.randn(B, 5), torch.randn(B, 2), torch.randn(B) - 2, torch.randn(B),
+                             torch.randn(B), torch.randn(B))
+    idx, adv = torch.arange(0, B, 2), torch.randn(B // 2)
+    op = get_op("ppo_grad")
+    for cfg in (PPOConfig(), PPOConfig(clip_vloss=True, ent_coef=0.01)):
+        loss, stats = ppo.ppo_loss(model, batch, idx, adv, cfg)
+        grads = torch.autograd.grad(loss, model.ordered_parameters)
+        want = [torch.stack([loss.detach(), *stats.values()]), torch.cat([g.reshape(-1) for g in grads])]
+        args = (batch.obs[idx], batch.actions[idx], batch.logprobs[idx], adv, batch.values[idx], batch.returns[idx],
+                *model.ordered_parameters, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss)
+        assert all(torch.equal(a, b) for a, b in zip(want, op.reference(*args)))
+        for name in ("manual", "cpp"):
+            found = op.candidates[name](*args)
+            assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(want, found)), name
 
 
 def test_triton_candidates_are_gpu_only_and_unavailable_without_cuda() -> None:
