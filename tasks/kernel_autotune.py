@@ -15,38 +15,19 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 import kernels
+from rl_core.algos.hot_ops import hot_ops, tune_hot_ops
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout
-from rl_core.envs import make_batch
 from rl_core.runtime.env_worker import ENV_WORKER_THREADS
 from rl_core.runtime.trainer import TRAINER_THREADS
 from tasks.caching import STEP_OPTIONS
-
-
-def hot_ops(cfg: RunConfig) -> dict[str, tuple[dict, int | None]]:
-    """Each dispatched op of this run: the shape it is called with and the torch thread count of the process
-    that calls it (winners are looked up by it): GAE over the whole rollout in the score step (this process),
-    the PPO gradient on one rank's share of a minibatch in the trainer ranks, and the policy's forward pass on
-    one env worker's envs at every step. A policy with two hidden layers of one width (the shape the MLP ops
-    are tuned for) takes the whole minibatch gradient (`ppo_grad`); any other only the loss (`ppo_loss`)."""
-    ops: dict[str, tuple[dict, int | None]] = {
-        "gae": ({"T": cfg.rollout_steps, "N": cfg.num_workers * cfg.envs_per_worker}, None)}
-    minibatch = cfg.ppo.minibatch_size // cfg.num_ranks
-    if len(cfg.ppo.hidden) == 2 and cfg.ppo.hidden[0] == cfg.ppo.hidden[1]:
-        probe = make_batch(cfg.env, 1, seed=0)  # only for the observation and action sizes
-        widths = {"D": probe.obs_dim, "H": cfg.ppo.hidden[0], "A": probe.action_dim}
-        ops["ppo_grad"] = ({"B": minibatch, **widths}, TRAINER_THREADS)
-        ops["policy_mlp_forward"] = ({"B": cfg.envs_per_worker, **widths}, ENV_WORKER_THREADS)
-    else:
-        ops["ppo_loss"] = ({"B": minibatch}, TRAINER_THREADS)
-    return ops
 
 
 @task(name="kernel_autotune", cache_policy=NO_CACHE, **STEP_OPTIONS)
 def kernel_autotune(cfg: RunConfig) -> dict:
     """Tune the run's hot ops for its shapes; returns winners and whether each was a cache hit. The report
     is also written into the run's folder, so the run records which implementations computed it."""
-    reports = [kernels.autotune(op, [shape], num_threads=threads) for op, (shape, threads) in hot_ops(cfg).items()]
+    reports = tune_hot_ops(hot_ops(cfg, cfg.num_ranks, TRAINER_THREADS, ENV_WORKER_THREADS))
     fast = {p: kernels.fast_p(reports, p) for p in (1.0, 1.5)}
     create_table_artifact(
         key="kernel-autotune", table=[row for report in reports for row in report.rows()],

@@ -5,6 +5,8 @@ generator, so a rollout is reproducible from the checkpointed state without savi
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -40,15 +42,18 @@ def collect_rollout(
     obs = env.observe()
     with torch.no_grad():
         std = model.log_std.exp()
+        # Normal(mean, std).log_prob's arithmetic, op for op (so its bits: the update recomputes these log-probs
+        # from the same weights and must find them equal), with the per-rollout parts computed once.
+        two_var, log_scale, log_sqrt_2pi = 2 * std**2, std.log(), math.log(math.sqrt(2 * math.pi))
         for t in range(steps):
             raw_obs[t] = obs
             x = torch.from_numpy(norm.normalize(obs))
             mean, value = model.mean_and_value(x)
-            dist = torch.distributions.Normal(mean, std.expand_as(mean), validate_args=False)
-            action = mean + dist.stddev * torch.randn(mean.shape, generator=generator)
+            noise = torch.randn(mean.shape, generator=generator)
+            action = mean + std * noise
             obs_buf[t] = x.numpy()
             act_buf[t] = action.numpy()
-            logp_buf[t] = dist.log_prob(action).sum(-1).numpy()
+            logp_buf[t] = (-((action - mean) ** 2) / two_var - log_scale - log_sqrt_2pi).sum(-1).numpy()
             value_buf[t] = value.numpy()
             result = env.step(action.numpy().astype(np.float64))
             reward_buf[t] = result.reward

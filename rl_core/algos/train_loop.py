@@ -8,6 +8,7 @@ float summation order (see ppo.py).
 """
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import numpy as np
 
 from rl_core.algos.advantages import score_experience
 from rl_core.algos.evaluation import evaluate_learner
+from rl_core.algos.hot_ops import hot_ops, tune_hot_ops
 from rl_core.algos.learner import PPOLearner, policy_sha256
 from rl_core.algos.ppo import RolloutBatch, decoupled, ppo_update, summarize_epochs
 from rl_core.algos.rollout import collect_rollout
@@ -47,7 +49,12 @@ def train_in_process(
     with a copy of the policy from before that update: the flow's schedule and math (`acting_version`).
     """
     start = time.perf_counter()
-    envs = [make_batch(cfg.env, cfg.envs_per_worker, cfg.seed, w * cfg.envs_per_worker, cfg.randomization)
+    tune_hot_ops(hot_ops(cfg))  # as the flow's kernel_autotune step does, for this process's calls
+    # Here the workers' envs collect one batch after another, so each batch steps on every core (the flow's env
+    # workers step in parallel, one core each). An env's physics does not depend on which thread steps it, so the
+    # weights stay the flow's bit for bit.
+    threads = min(os.cpu_count() or 1, cfg.envs_per_worker)
+    envs = [make_batch(cfg.env, cfg.envs_per_worker, cfg.seed, w * cfg.envs_per_worker, cfg.randomization, threads)
             for w in range(cfg.num_workers)]
     learner = PPOLearner(envs[0].obs_dim, envs[0].action_dim, cfg.ppo, cfg.seed)
     stale = PPOLearner(envs[0].obs_dim, envs[0].action_dim, cfg.ppo, cfg.seed) if cfg.overlap else None
