@@ -17,8 +17,7 @@ import ray
 
 from rl_core.config import RunConfig
 from rl_core.runtime.env_worker import EnvWorker
-from rl_core.runtime.faults import gymflow_env_vars
-from rl_core.runtime.local_ray import ensure_ray
+from rl_core.runtime.local_ray import actor_options, ensure_ray
 
 NAME_RELEASE_TIMEOUT_S = 10.0  # how long a killed actor's name may linger before its replacement takes it
 
@@ -53,9 +52,7 @@ class EnvWorkerPool:
     def _actor(self, index: int) -> ray.actor.ActorHandle:
         if index not in self._actors:
             remote = ray.remote(num_cpus=1)(EnvWorker).options(
-                name=self._name(index), get_if_exists=True, max_concurrency=1,
-                runtime_env={"env_vars": gymflow_env_vars()},
-            )
+                name=self._name(index), get_if_exists=True, max_concurrency=1, **actor_options())
             self._actors[index] = remote.remote(self.cfg.model_dump_json(), index, self._split[index])
         return self._actors[index]
 

@@ -15,8 +15,7 @@ import numpy as np
 import ray
 
 from rl_core.config import RunConfig
-from rl_core.runtime.faults import gymflow_env_vars
-from rl_core.runtime.local_ray import ensure_ray
+from rl_core.runtime.local_ray import actor_options, ensure_ray
 from rl_core.runtime.trainer import TrainerRank
 
 
@@ -48,7 +47,7 @@ class TrainerGroup:
     def _ensure_locked(self) -> list[ray.actor.ActorHandle]:
         """The live ranks, starting and connecting a new group if there is none (caller holds the lock)."""
         if not self._ranks:
-            remote = ray.remote(num_cpus=1)(TrainerRank).options(runtime_env={"env_vars": gymflow_env_vars()})
+            remote = ray.remote(num_cpus=1)(TrainerRank).options(**actor_options())
             world = self.cfg.num_ranks
             ranks = [remote.remote(self.cfg.model_dump_json(), k, world) for k in range(world)]
             port = _free_port(self.master_addr)
