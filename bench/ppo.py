@@ -17,7 +17,9 @@ Systems, per task and seed, run one after another (so they get the machine alike
   init, VecNormalize for observations and rewards).
 
 Env steps/s = env steps / wall time of training (collection + updates; for the flow, the whole flow as its own
-summary reports it: Ray start-up, tuning, checkpoints and the final evaluation included). Orchestration overhead
+summary reports it: Ray start-up, checkpoints and the final evaluation included). Before the timed runs of a task,
+one untimed iteration of each gymflow system tunes the kernels it dispatches (a one-off per machine, cached: without
+it the first timed run would pay it and later ones not). Orchestration overhead
 = the flow's wall time / the direct run's (training + final evaluation), sequential and overlapped alike. Final
 return = mean of ``EVAL_EPISODES`` deterministic episodes. Each process uses one torch thread. Last line: one
 JSON object; its un-suffixed keys are the default (sequential) configuration, ``*_overlap`` keys the overlapped.
@@ -112,6 +114,18 @@ SYSTEMS = {"direct": run_direct, "direct_overlap": run_direct, "flow": run_flow,
            "sb3": run_sb3}
 
 
+def warm_up(task: str, systems: list[str], store: str) -> None:
+    """One untimed iteration of each gymflow system on `task`: the kernels get tuned (once per machine and library
+    versions, then cached) and files get cached before any timed run, so seed 0 does not pay for what later
+    seeds find done. What that took is printed."""
+    start = time.perf_counter()
+    for name in {s.removesuffix("_overlap") for s in systems} - {"sb3"}:
+        cfg = config(task, 0, 1, store, overlap=False).model_copy(update={"eval_episodes": 1})
+        SYSTEMS[name](cfg.model_copy(update={"run_name": f"{cfg.run_name}-{name}-warm-up"}))
+    print(f"{task:<16} warm-up (kernel tuning on a fresh machine, file caches): {time.perf_counter() - start:.1f} s",
+          flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=300_000, help="env steps per run (default 300k; try 1M)")
@@ -125,6 +139,7 @@ def main() -> None:
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for task in args.tasks.split(","):
+            warm_up(task, systems, f"file://{tmp}/warm-up")
             for seed in seeds:
                 for name in systems:
                     cfg = config(task, seed, args.budget, f"file://{tmp}/runs", name.endswith("_overlap"))
