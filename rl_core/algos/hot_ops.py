@@ -5,7 +5,7 @@ import kernels
 from rl_core.config import RunConfig
 from rl_core.envs import make_batch
 
-Calls = dict[str, tuple[dict, "int | None"]]
+Calls = dict[str, tuple[dict, int | None]]
 """op name -> (shape it is called with, torch thread count of the calling process; None: the current one)."""
 
 

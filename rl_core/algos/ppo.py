@@ -89,6 +89,10 @@ def ppo_loss(
     return loss, stats
 
 
+STAT_NAMES = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+"""What the stats vector of `minibatch_gradient` holds, in order."""
+
+
 def minibatch_gradient(
     model: ActorCritic, batch: RolloutBatch, idx: torch.Tensor, adv: torch.Tensor, cfg: PPOConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,10 +109,6 @@ def minibatch_gradient(
     loss, stats = ppo_loss(model, batch, idx, adv, cfg)
     grads = torch.autograd.grad(loss, model.ordered_parameters)
     return torch.stack([loss.detach(), *stats.values()]), torch.cat([g.reshape(-1) for g in grads])
-
-
-STAT_NAMES = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
-"""What the stats vector of `minibatch_gradient` holds, in order."""
 
 
 def _flat_grad_views(params: tuple[nn.Parameter, ...]) -> torch.Tensor:
