@@ -35,18 +35,19 @@ import kernels  # noqa: E402
 from kernels import COMPILE, TuneReport, get_op, registered_ops  # noqa: E402
 from kernels.autotune import DEFAULT_MIN_RUN_TIME, tune_bucket  # noqa: E402
 from rl_core.algos.advantages import score_experience  # noqa: E402
+from rl_core.algos.hot_ops import hot_ops  # noqa: E402
 from rl_core.algos.learner import PPOLearner  # noqa: E402
 from rl_core.algos.ppo import RolloutBatch, ppo_update  # noqa: E402
 from rl_core.algos.rollout import collect_rollout  # noqa: E402
-from rl_core.config import PPOConfig  # noqa: E402
+from rl_core.config import PPOConfig, build_config  # noqa: E402
 from rl_core.envs import make_batch  # noqa: E402
 from rl_core.seeding import torch_generator  # noqa: E402
 
-TASK, WORKERS, ENVS, STEPS, OBS_DIM, ACT_DIM = "HalfCheetah-v5", 2, 32, 128, 17, 6
+TASK, WORKERS, ENVS, STEPS = "HalfCheetah-v5", 2, 32, 128
 """The quick preset on HalfCheetah."""
-ITERATION_OPS = {"gae": {"T": STEPS, "N": WORKERS * ENVS},
-                 "ppo_grad": {"B": PPOConfig().minibatch_size, "D": OBS_DIM, "H": 64, "A": ACT_DIM},
-                 "policy_mlp_forward": {"B": ENVS, "D": OBS_DIM, "H": 64, "A": ACT_DIM}}
+QUICK = build_config("quick", run_name="bench-kernels", env=TASK, num_workers=WORKERS, envs_per_worker=ENVS,
+                     rollout_steps=STEPS)
+ITERATION_OPS = {op: shape for op, (shape, _) in hot_ops(QUICK).items()}
 """What the iteration dispatches, at its shapes (one process, so a minibatch is not split across ranks)."""
 
 

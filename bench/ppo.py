@@ -120,8 +120,8 @@ def warm_up(task: str, systems: list[str], store: str) -> None:
     seeds find done. What that took is printed."""
     start = time.perf_counter()
     for name in {s.removesuffix("_overlap") for s in systems} - {"sb3"}:
-        cfg = config(task, 0, 1, store, overlap=False).model_copy(update={"eval_episodes": 1})
-        SYSTEMS[name](cfg.model_copy(update={"run_name": f"{cfg.run_name}-{name}-warm-up"}))
+        cfg = config(task, 0, 1, store, overlap=False)
+        SYSTEMS[name](cfg.model_copy(update={"eval_episodes": 1, "run_name": f"{cfg.run_name}-{name}-warm-up"}))
     print(f"{task:<16} warm-up (kernel tuning on a fresh machine, file caches): {time.perf_counter() - start:.1f} s",
           flush=True)
 

@@ -99,7 +99,7 @@ static inline float fast_tanh(float x) {
 }
 
 // Eight floats in one AVX register (GCC/Clang vector extension; two registers on narrower SIMD). Spelled out because
-// GCC does not keep a 2-D array of accumulators in registers on its own: it spills them and runs 3x slower.
+// GCC 12 does not vectorize the same blocking written with a 2-D float array of accumulators (3x slower, measured).
 typedef float v8 __attribute__((vector_size(32)));
 static inline v8 load8(const float* p) { v8 v; __builtin_memcpy(&v, p, sizeof v); return v; }
 static inline void store8(float* p, v8 v) { __builtin_memcpy(p, &v, sizeof v); }

@@ -62,8 +62,8 @@ def ppo_grad_manual(
     with torch.no_grad():
         nets = [_mlp_forward(obs, *params[6 * k : 6 * k + 6]) for k in (0, 1)]
         mean, value = nets[0][-1], nets[1][-1][:, 0]
-        log_scale = params[12].exp().log()  # as Normal computes it from the scale
-        var = params[12].exp() ** 2
+        scale = params[12].exp()
+        log_scale, var = scale.log(), scale**2  # as Normal computes them from the scale
         diff = actions - mean
         logprob = (-(diff * diff) / (2 * var) - log_scale - math.log(math.sqrt(2 * math.pi))).sum(-1)
         entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_scale).expand_as(mean).sum(-1)
@@ -173,7 +173,7 @@ extern "C" void gymflow_ppo_grad(const float* x, const float* act, const float* 
                                  std::int64_t B, std::int64_t D, std::int64_t A, double clip, double vf, double ec,
                                  std::int64_t clip_vloss, float* stats, float* grad) {
   thread_local Mlp actor, critic;
-  thread_local std::vector<float> wt, logprob, entropy, value, g_lp, g_v, g_ent, d_mean;
+  thread_local std::vector<float> wt, logprob, entropy, g_lp, g_v, g_ent, d_mean;
   actor.p = p;
   actor.h1 = h[0], actor.h2 = h[1], actor.out = A;
   critic.p = p + 6;
@@ -193,10 +193,11 @@ extern "C" void gymflow_ppo_grad(const float* x, const float* act, const float* 
   }
   logprob.resize(B);
   entropy.resize(B);
+  d_mean.resize(B * A);  // holds action - mean until the gradient below overwrites it
   for (std::int64_t r = 0; r < B; ++r) {
     float lp = 0, en = 0;
     for (std::int64_t a = 0; a < A; ++a) {
-      const float d = act[r * A + a] - actor.y[r * A + a];
+      const float d = d_mean[r * A + a] = act[r * A + a] - actor.y[r * A + a];
       lp += -(d * d) / (2 * var[a]) - log_scale[a] - log_sqrt_2pi;
       en += ent_const + log_scale[a];
     }
@@ -213,10 +214,9 @@ extern "C" void gymflow_ppo_grad(const float* x, const float* act, const float* 
   const std::int64_t actor_size = actor.size(D), critic_size = critic.size(D);
   float* g_log_std = grad + actor_size + critic_size;
   std::vector<double> g_s(A, 0.0);
-  d_mean.resize(B * A);
   for (std::int64_t r = 0; r < B; ++r)
     for (std::int64_t a = 0; a < A; ++a) {
-      const float d = act[r * A + a] - actor.y[r * A + a];
+      const float d = d_mean[r * A + a];
       d_mean[r * A + a] = g_lp[r] * d / var[a];
       g_s[a] += g_lp[r] * (d * d / var[a] - 1) + g_ent[r];
     }

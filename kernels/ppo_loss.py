@@ -87,7 +87,7 @@ def ppo_loss_fused(
 
     def compute() -> tuple:
         outputs, (g_nl, g_v, g_ent) = loss_and_grads(torch, *(x.detach() for x in tensors), clip_coef, vf_coef,
-                                                       ent_coef, clip_vloss)
+                                                      ent_coef, clip_vloss)
         return (*outputs[:-1], outputs[-1].to(torch.float32)), (g_nl, None, None, g_v, None, None, g_ent)
 
     return fused_loss(compute, *tensors)

@@ -15,13 +15,10 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # driver and the Prefect API whenever the machine is busy.
 os.environ.setdefault("RAY_worker_niceness", "0")
 
-import threading  # noqa: E402
-
 import ray  # noqa: E402  (must follow the environment set-up above)
 
 from rl_core.runtime.faults import gymflow_env_vars  # noqa: E402
 
-_init_lock = threading.Lock()
 _inherited_env: dict[str, str] | None = None
 """GYMFLOW_* settings the workers of the local Ray this process started inherit (None: not a Ray of ours)."""
 
@@ -33,15 +30,14 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     train), so reserving a core each for both would leave half of them idle.
     """
     global _inherited_env
-    with _init_lock:  # the env pool and the trainer group may both start it, from two task threads
-        if ray.is_initialized():
-            return
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(namespace="gymflow", log_to_driver=False)
-            return
-        cpus = max(os.cpu_count() or 1, num_cpus or 0)
-        ray.init(num_cpus=cpus, namespace="gymflow", include_dashboard=False, log_to_driver=False)
-        _inherited_env = gymflow_env_vars()  # a local Ray's workers start with this process's environment
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(namespace="gymflow", log_to_driver=False)
+        return
+    cpus = max(os.cpu_count() or 1, num_cpus or 0)
+    ray.init(num_cpus=cpus, namespace="gymflow", include_dashboard=False, log_to_driver=False)
+    _inherited_env = gymflow_env_vars()  # a local Ray's workers start with this process's environment
 
 
 def actor_options() -> dict:
