@@ -33,14 +33,14 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import progress
 from flows.store_credentials import export_store_credentials
-from rl_core.config import PRESETS, ConfigError, build_config
+from rl_core.config import PRESETS, ConfigError, RunConfig, build_config
 from rl_core.data.run_info import open_run
 from rl_core.envs import DynamicsRandomization
 from rl_core.runtime.versions import storage_report
 from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init
 from tasks.evaluate import evaluate
 from tasks.kernel_autotune import kernel_autotune
-from tasks.runtime import release, start_env_workers
+from tasks.runtime import release, start_actors
 from tasks.score import score
 from tasks.simulate import simulate
 from tasks.train_shard import train_shard
@@ -70,12 +70,8 @@ def train_control(
     `randomize_dynamics` f scales each env's masses, friction and damping by U(1 - f, 1 + f).
     """
     started = time.perf_counter()
-    cfg = build_config(
-        preset, run_name=run_name or default_run_name(env, preset, seed), seed=seed, iterations=iterations,
-        env=env, env_module=env_module, randomization=randomization_of(randomize_dynamics), store=store,
-        num_ranks=num_ranks, num_workers=num_workers, envs_per_worker=envs_per_worker, rollout_steps=rollout_steps,
-        eval_episodes=eval_episodes, overlap=overlap,
-    )
+    cfg = run_config(preset, run_name, seed, iterations, env, env_module, randomize_dynamics, store, num_ranks,
+                     num_workers, envs_per_worker, rollout_steps, eval_episodes, overlap)
     logger = get_run_logger()
     if store_credentials_block:  # before anything touches the store or starts Ray (its workers inherit them)
         names = export_store_credentials(store_credentials_block)
@@ -83,8 +79,9 @@ def train_control(
     run = open_run(cfg)
     logger.info("run %s (%s) at %s", cfg.run_name, "new" if run.is_new else "continued", cfg.run_url)
     try:
+        # After tuning: actors booting during a first (uncached) tuning would disturb its timings.
         tuning = kernel_autotune(cfg)
-        start_env_workers(cfg)  # they boot while checkpoint_init starts the trainer group
+        start_actors(cfg)  # they boot while checkpoint_init waits for the trainer group (no-op if the CLI did it)
         version = checkpoint_init(cfg, run.incarnation)["version"]
         progress.start(version, cfg.iterations)
         recent_returns: list[float] = []
@@ -118,6 +115,21 @@ def train_control(
         "checkpoints": storage,
         "kernels": tuning,
     }
+
+
+def run_config(
+    preset: str, run_name: str | None, seed: int, iterations: int | None, env: str, env_module: str | None,
+    randomize_dynamics: float | None, store: str, num_ranks: int | None, num_workers: int | None,
+    envs_per_worker: int | None, rollout_steps: int | None, eval_episodes: int | None, overlap: bool | None,
+) -> RunConfig:
+    """The run's configuration from the flow's parameters (the CLI builds the same one to start the run's actors
+    before the flow)."""
+    return build_config(
+        preset, run_name=run_name or default_run_name(env, preset, seed), seed=seed, iterations=iterations,
+        env=env, env_module=env_module, randomization=randomization_of(randomize_dynamics), store=store,
+        num_ranks=num_ranks, num_workers=num_workers, envs_per_worker=envs_per_worker, rollout_steps=rollout_steps,
+        eval_episodes=eval_episodes, overlap=overlap,
+    )
 
 
 def default_run_name(env: str, preset: str, seed: int) -> str:
@@ -169,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: run the flow with a progress bar, print a summary, and end with one JSON line."""
     from rich.console import Console
 
+    from flows.startup import start_api_and_actors
     from flows.summary import print_summary
 
+    started = time.perf_counter()
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     console = Console(stderr=False)
     if not args.verbose:  # the progress bar tells the same story; keep warnings and errors
@@ -180,18 +194,26 @@ def main(argv: list[str] | None = None) -> int:
     # Registered before the flow starts Prefect's temporary server, so it runs after that server's
     # exit-time shutdown message: the JSON stays the last line of output.
     atexit.register(lambda: last_line and print(last_line[0], flush=True))
+    params = {"run_name": args.run_name, "preset": args.preset, "seed": args.seed, "iterations": args.iterations,
+              "env": args.env, "env_module": args.env_module, "randomize_dynamics": args.randomize_dynamics,
+              "store": args.store, "num_ranks": args.num_ranks, "num_workers": args.num_workers,
+              "eval_episodes": args.eval_episodes, "overlap": args.overlap}
+    cfg = None
     try:
+        cfg = run_config(**params, envs_per_worker=None, rollout_steps=None)
+        # A credentials block is read through the API, and Ray's workers must start with what it holds: then
+        # the flow starts Ray itself, once the credentials are exported.
+        if not args.store_credentials_block:
+            start_api_and_actors(cfg)
         with progress.terminal_progress(console):
-            summary = train_control(
-                run_name=args.run_name, preset=args.preset, seed=args.seed, iterations=args.iterations,
-                env=args.env, env_module=args.env_module, randomize_dynamics=args.randomize_dynamics,
-                store=args.store, num_ranks=args.num_ranks, num_workers=args.num_workers,
-                eval_episodes=args.eval_episodes, overlap=args.overlap,
-                store_credentials_block=args.store_credentials_block,
-            )
+            summary = train_control(**params, store_credentials_block=args.store_credentials_block)
     except ConfigError as err:
         console.print(f"[red]error:[/red] {err}")
         return 2
+    finally:
+        if cfg is not None:
+            release(cfg)  # the flow releases what it used; this catches actors started for a flow that never ran
+    summary["command_s"] = round(time.perf_counter() - started, 2)
     print_summary(console, summary)
     last_line.append(json.dumps(summary_line(summary)))
     return 0
@@ -199,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def summary_line(summary: dict) -> dict:
     """The machine-readable last line: the figures a script or CI checks."""
-    keys = ("final_return", "random_return", "env_steps", "wall_s", "run_dir", "policy_sha256", "iterations")
+    keys = ("final_return", "random_return", "env_steps", "wall_s", "command_s", "run_dir", "policy_sha256",
+            "iterations")
     line = {k: summary[k] for k in keys}
     line["checkpoint_bytes"] = summary["checkpoints"]["stored_bytes"]
     return line

@@ -20,9 +20,11 @@ def env_pool(cfg: RunConfig) -> EnvWorkerPool:
         return _env_pools[cfg.run_url]
 
 
-def start_env_workers(cfg: RunConfig) -> None:
-    """Start the run's env workers in the background (not a task: it only saves start-up time)."""
+def start_actors(cfg: RunConfig) -> None:
+    """Create the run's env workers and trainer ranks without waiting for them (not a task: it only saves
+    start-up time, each actor importing torch and building its envs while the caller goes on)."""
     env_pool(cfg).start()
+    trainer_group(cfg).start()
 
 
 def trainer_group(cfg: RunConfig) -> TrainerGroup:

@@ -39,6 +39,18 @@ class TrainerGroup:
         self._ranks: list[ray.actor.ActorHandle] = []
         self._lock = threading.Lock()  # the K train_shard tasks call in from K threads at once
         self._launch: tuple[tuple[int, int], list[ray.actor.ActorHandle], list[ray.ObjectRef]] | None = None
+        self._booting: list[ray.actor.ActorHandle] = []  # created by `start`, not yet joined into a group
+
+    def start(self) -> None:
+        """Create the ranks without waiting: their start-up (Python, torch) then overlaps whatever the caller
+        does next; the first use joins them into the group."""
+        with self._lock:
+            if not self._ranks and not self._booting:
+                self._booting = self._create_ranks()
+
+    def _create_ranks(self) -> list[ray.actor.ActorHandle]:
+        remote = ray.remote(num_cpus=1)(TrainerRank).options(**actor_options())
+        return [remote.remote(self.cfg.model_dump_json(), k, self.cfg.num_ranks) for k in range(self.cfg.num_ranks)]
 
     def _ensure(self) -> list[ray.actor.ActorHandle]:
         with self._lock:
@@ -47,9 +59,7 @@ class TrainerGroup:
     def _ensure_locked(self) -> list[ray.actor.ActorHandle]:
         """The live ranks, starting and connecting a new group if there is none (caller holds the lock)."""
         if not self._ranks:
-            remote = ray.remote(num_cpus=1)(TrainerRank).options(**actor_options())
-            world = self.cfg.num_ranks
-            ranks = [remote.remote(self.cfg.model_dump_json(), k, world) for k in range(world)]
+            ranks, self._booting = self._booting or self._create_ranks(), []
             port = _free_port(self.master_addr)
             ray.get([r.connect.remote(self.master_addr, port) for r in ranks])
             self._ranks = ranks
@@ -80,9 +90,9 @@ class TrainerGroup:
                 self._kill()
 
     def _kill(self) -> None:
-        for r in self._ranks:
+        for r in self._ranks + self._booting:
             ray.kill(r, no_restart=True)
-        self._ranks = []
+        self._ranks, self._booting = [], []
         self._launch = None
 
     def shutdown(self) -> None:

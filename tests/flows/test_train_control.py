@@ -81,6 +81,21 @@ def test_same_name_with_other_settings_is_refused(tmp_path) -> None:
         _run(tmp_path, run_name="c", seed=2, iterations=1)
 
 
+
+def test_command_line_trains_and_stops_its_actors_when_the_run_is_refused(tmp_path, capsys) -> None:
+    """The CLI creates the run's actors before the flow starts (which then uses them); when the flow refuses the
+    run (another configuration under the same name), the command still stops the actors it created."""
+    import ray
+
+    from flows.train_control import main
+
+    args = ["--preset", "tiny", "--run-name", "cli", "--store", f"file://{tmp_path}/runs", "--iterations", "1"]
+    assert main(args) == 0
+    assert CheckpointStore(f"{tmp_path}/runs/cli/checkpoints").versions() == [0, 1]
+    assert main([*args, "--seed", "9"]) == 2
+    assert "seed: was 0, now 9" in capsys.readouterr().out.replace("\n", " ")
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if "gymflow-cli-" in a["name"]]
+
 @pytest.mark.parametrize(
     ("env", "env_module"), [("ReachingArm-v0", "examples.reaching_arm"), ("gym:Pendulum-v1", None)]
 )

@@ -1,0 +1,33 @@
+"""Start-up work the command line overlaps: Prefect's temporary API and the run's Ray actors.
+
+Run as a command with no Prefect API configured, a flow first waits for Prefect's temporary API server to
+start (~6 s here), and only then starts Ray (~4 s) and the run's actors (~5 s: each imports torch and builds
+its envs). None of these needs another, so the command starts the API on a thread while this thread starts
+Ray and creates the actors; the flow then finds both running. A deployment run has its API already; its
+flow starts Ray and the actors itself (`tasks.runtime.start_actors`).
+"""
+from __future__ import annotations
+
+import threading
+
+from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+from rl_core.config import RunConfig
+from tasks.runtime import start_actors
+
+
+def start_api_and_actors(cfg: RunConfig) -> None:
+    """Return once the API answers (if it is a temporary one) and the run's actors are created (not yet ready).
+
+    Ray is started on this thread: `ray.init` from another thread lost its connection to Ray's control store
+    here. A temporary API that fails to start on the thread is started again, with its error, by the flow.
+    """
+    api = None
+    if not PREFECT_API_URL.value() and PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        from prefect.server.api.server import SubprocessASGIServer
+
+        api = threading.Thread(target=SubprocessASGIServer().start, name="prefect-api-start", daemon=True)
+        api.start()
+    start_actors(cfg)
+    if api is not None:
+        api.join()
