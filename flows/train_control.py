@@ -166,7 +166,9 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
                         help="scale each env's masses, friction and damping by U(1-F, 1+F) (default: off)")
     parser.add_argument("--store", default="file://./runs", help="fsspec URL the run folder lives under")
     parser.add_argument("--num-ranks", type=int, help="trainer ranks K (torch.distributed)")
-    parser.add_argument("--num-workers", type=int, help="env-worker actors")
+    parser.add_argument("--num-workers", type=int, help="env-worker actors (a continued run may change it and "
+                                                        "--envs-per-worker, keeping their product: its env count)")
+    parser.add_argument("--envs-per-worker", type=int, help="MuJoCo envs batched in each env worker")
     parser.add_argument("--eval-episodes", type=int, help="deterministic episodes of the final evaluation (default 5)")
     parser.add_argument("--overlap", action="store_const", const=True,
                         help="collect iteration i+1 while iteration i trains, with a one-update-stale policy "
@@ -197,10 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     params = {"run_name": args.run_name, "preset": args.preset, "seed": args.seed, "iterations": args.iterations,
               "env": args.env, "env_module": args.env_module, "randomize_dynamics": args.randomize_dynamics,
               "store": args.store, "num_ranks": args.num_ranks, "num_workers": args.num_workers,
-              "eval_episodes": args.eval_episodes, "overlap": args.overlap}
+              "envs_per_worker": args.envs_per_worker, "eval_episodes": args.eval_episodes, "overlap": args.overlap}
     cfg = None
     try:
-        cfg = run_config(**params, envs_per_worker=None, rollout_steps=None)
+        cfg = run_config(**params, rollout_steps=None)
         # A credentials block is read through the API, and Ray's workers must start with what it holds: then
         # the flow starts Ray itself, once the credentials are exported.
         if not args.store_credentials_block:

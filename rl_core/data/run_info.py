@@ -15,9 +15,12 @@ import fsspec
 from rl_core.config import ConfigError, RunConfig
 from rl_core.data.run_layout import RunLayout
 
-# Fields a continued run may change: how far to go and how much to evaluate, not what is trained.
+# Fields a continued run may change: how far to go and how much to evaluate, not what is trained. Also how its
+# envs are split over env workers, as long as their number stays (checkpoints hold every env's state in global
+# env order, so any split restores them): a run can continue on more or fewer workers.
 CONTINUABLE_FIELDS = {"iterations", "eval_episodes", "store", "epoch_checkpoint_every", "epoch_checkpoint_min_s",
-                      "collective_timeout_s"}
+                      "collective_timeout_s", "num_workers", "envs_per_worker"}
+ENV_COUNT = "num_workers x envs_per_worker"
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,9 @@ class RunInfo:
 
 
 def _comparable(cfg: dict) -> dict:
-    return {k: v for k, v in cfg.items() if k not in CONTINUABLE_FIELDS}
+    fields = {k: v for k, v in cfg.items() if k not in CONTINUABLE_FIELDS}
+    fields[ENV_COUNT] = cfg["num_workers"] * cfg["envs_per_worker"]
+    return fields
 
 
 def load_run_config(store: str, run_name: str) -> RunConfig:
