@@ -41,7 +41,7 @@ from rl_core.algos.ppo import RolloutBatch, ppo_update  # noqa: E402
 from rl_core.algos.rollout import collect_rollout  # noqa: E402
 from rl_core.config import PPOConfig, build_config  # noqa: E402
 from rl_core.envs import make_batch  # noqa: E402
-from rl_core.seeding import torch_generator  # noqa: E402
+from rl_core.seeding import action_noise  # noqa: E402
 
 TASK, WORKERS, ENVS, STEPS = "HalfCheetah-v5", 2, 32, 128
 """The quick preset on HalfCheetah."""
@@ -74,7 +74,8 @@ def iteration_s(mode: str | None) -> float:
     envs = [make_batch(TASK, ENVS, seed=0, env_offset=w * ENVS) for w in range(WORKERS)]
     learner = PPOLearner(envs[0].obs_dim, envs[0].action_dim, cfg, seed=0)
     start = time.perf_counter()
-    parts = [collect_rollout(env, learner, STEPS, cfg.gamma, np.zeros(ENVS), torch_generator(0, 0, w * ENVS))[0]
+    parts = [collect_rollout(env, learner, STEPS, cfg.gamma, np.zeros(ENVS),
+                             action_noise(0, 0, w * ENVS, ENVS, STEPS, env.action_dim))[0]
              for w, env in enumerate(envs)]
     scored = score_experience(parts, 1.0, cfg.gamma, cfg.gae_lambda)
     batch = RolloutBatch.from_scored(scored)

@@ -17,3 +17,13 @@ def derive_seed(*parts: int) -> int:
 def torch_generator(*parts: int) -> torch.Generator:
     """A fresh torch.Generator seeded from `parts`."""
     return torch.Generator().manual_seed(derive_seed(*parts))
+
+
+def action_noise(seed: int, iteration: int, first_env: int, num_envs: int, steps: int, action_dim: int) -> torch.Tensor:
+    """Standard-normal action noise (steps, num_envs, action_dim) of envs [first_env, first_env + num_envs) in
+    `iteration`. Each env draws from its own generator of (seed, iteration, env index), so the noise an env gets
+    does not depend on how the run's envs are split over workers: a run re-split over more or fewer workers
+    draws what it would have drawn unsplit."""
+    per_env = [torch.randn(steps, action_dim, generator=torch_generator(seed, iteration, first_env + e))
+               for e in range(num_envs)]
+    return torch.stack(per_env, dim=1)

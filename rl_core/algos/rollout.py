@@ -1,7 +1,8 @@
 """Collect a rollout from a batched env with a frozen policy; everything PPO's update needs, per step.
 
-Randomness is counter-based: the action noise of (seed, iteration, env_offset) comes from its own
-generator, so a rollout is reproducible from the checkpointed state without saving generator states.
+Randomness is counter-based: each env's action noise in an iteration comes from its own generator
+(`rl_core.seeding.action_noise`), so a rollout is reproducible from the checkpointed state without saving
+generator states, whichever worker steps the env.
 """
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ def collect_rollout(
     steps: int,
     gamma: float,
     discounted_return: np.ndarray,
-    generator: torch.Generator,
+    noise: torch.Tensor,
 ) -> tuple[dict[str, np.ndarray], dict]:
-    """Step `env` for `steps` steps; `discounted_return` (N,) is the per-env running return, updated in place.
+    """Step `env` for `steps` steps; `discounted_return` (N,) is the per-env running return, updated in place;
+    `noise` (steps, N, action_dim) is the standard-normal action noise of each step.
 
     Returns per-step arrays (T, N, ...) and a small summary (finished episode returns, moments).
     """
@@ -42,15 +44,15 @@ def collect_rollout(
     obs = env.observe()
     with torch.no_grad():
         std = model.log_std.exp()
-        # Normal(mean, std).log_prob's arithmetic, op for op (so its bits: the update recomputes these log-probs
-        # from the same weights and must find them equal), with the per-rollout parts computed once.
+        # Normal(mean, std).log_prob's arithmetic, op for op (so its bits: decoupled PPO recomputes these log-probs
+        # from the same weights and finds them equal when its forward pass gives the rollout's bits), with the
+        # per-rollout parts computed once.
         two_var, log_scale, log_sqrt_2pi = 2 * std**2, std.log(), math.log(math.sqrt(2 * math.pi))
         for t in range(steps):
             raw_obs[t] = obs
             x = torch.from_numpy(norm.normalize(obs))
             mean, value = model.mean_and_value(x)
-            noise = torch.randn(mean.shape, generator=generator)
-            action = mean + std * noise
+            action = mean + std * noise[t]
             obs_buf[t] = x.numpy()
             act_buf[t] = action.numpy()
             logp_buf[t] = (-((action - mean) ** 2) / two_var - log_scale - log_sqrt_2pi).sum(-1).numpy()

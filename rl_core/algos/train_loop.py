@@ -25,7 +25,7 @@ from rl_core.algos.rollout import collect_rollout
 from rl_core.config import RunConfig
 from rl_core.envs import make_batch
 from rl_core.policies.normalizer import Moments
-from rl_core.seeding import derive_seed, torch_generator
+from rl_core.seeding import action_noise, derive_seed
 
 
 @dataclass
@@ -63,8 +63,9 @@ def train_in_process(
     def collect(iteration: int, acting: PPOLearner) -> tuple[list[dict[str, np.ndarray]], list[float], float]:
         parts, finished = [], []
         for w, env in enumerate(envs):
-            generator = torch_generator(cfg.seed, iteration, w * cfg.envs_per_worker)
-            arrays, info = collect_rollout(env, acting, cfg.rollout_steps, cfg.ppo.gamma, discounted[w], generator)
+            noise = action_noise(cfg.seed, iteration, w * cfg.envs_per_worker, cfg.envs_per_worker,
+                                 cfg.rollout_steps, env.action_dim)
+            arrays, info = collect_rollout(env, acting, cfg.rollout_steps, cfg.ppo.gamma, discounted[w], noise)
             parts.append(arrays)
             finished += info["finished_returns"]
         return parts, finished, acting.reward_scale()

@@ -6,8 +6,9 @@ restores its envs from the last committed checkpoint. `health_check` does the sa
 a failed attempt, and `resize` re-splits the run's envs over another number of workers between iterations
 (checkpoints hold every env's state in global env order, so any split restores from them).
 
-A resized pool draws other action noise than the original split would (noise is keyed by each worker's
-first env), so a run stays reproducible, but not bit-identical to the same run without the resize.
+Each env draws its own action noise (`rl_core.seeding.action_noise`), so a resized pool computes what the
+original split does, bit for bit where the policy's forward pass gives each env's row the same bits at the new
+batch size (torch's matmul here: yes at 4, 8, 32 and 64 rows; not at 1 or 2).
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from rl_core.config import RunConfig
 from rl_core.data import RunLayout, write_tensors
 from rl_core.envs import make_batch
 from rl_core.runtime.faults import maybe_fail
-from rl_core.seeding import torch_generator
+from rl_core.seeding import action_noise
 
 ENV_PREFIX = "env."
 ENV_WORKER_THREADS = 1
@@ -111,9 +111,10 @@ class EnvWorker:
         write experience and end env state; return a summary."""
         self._sync(version, acting_version(self.cfg, version))
         self.env_version = None  # the envs are mid-change until the shard is written
-        generator = torch_generator(self.cfg.seed, iteration, self.env_offset)
+        noise = action_noise(self.cfg.seed, iteration, self.env_offset, self.num_envs, self.cfg.rollout_steps,
+                             self.env.action_dim)
         arrays, info = collect_rollout(
-            self.env, self.learner, self.cfg.rollout_steps, self.cfg.ppo.gamma, self.discounted_return, generator
+            self.env, self.learner, self.cfg.rollout_steps, self.cfg.ppo.gamma, self.discounted_return, noise
         )
         maybe_fail("simulate.rollout_end", iteration=iteration, worker=self.worker_index)
         env_state = self.env.get_state()

@@ -15,6 +15,7 @@ from rl_core.algos.ppo import RolloutBatch, ppo_update, summarize_epochs
 from rl_core.algos.rollout import collect_rollout
 from rl_core.config import PPOConfig
 from rl_core.envs import make_batch, task_names
+from rl_core.seeding import action_noise
 
 NUM_ENVS, STEPS = 4, 16
 CFG = PPOConfig(update_epochs=1, minibatch_size=32)
@@ -25,7 +26,8 @@ def test_collect_score_and_update(name: str) -> None:
     env = make_batch(name, NUM_ENVS, seed=0)
     learner = PPOLearner(env.obs_dim, env.action_dim, CFG, seed=0)
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
-    arrays, info = collect_rollout(env, learner, STEPS, CFG.gamma, np.zeros(NUM_ENVS), torch.Generator().manual_seed(0))
+    noise = action_noise(0, 0, 0, NUM_ENVS, STEPS, env.action_dim)
+    arrays, info = collect_rollout(env, learner, STEPS, CFG.gamma, np.zeros(NUM_ENVS), noise)
     assert arrays["obs"].shape == (STEPS, NUM_ENVS, env.obs_dim)
     assert arrays["actions"].shape == (STEPS, NUM_ENVS, env.action_dim)
     assert np.isfinite(arrays["rewards"]).all() and info["env_steps"] == STEPS * NUM_ENVS
