@@ -65,7 +65,6 @@ def commit_iteration(cfg: RunConfig, iteration: int, version: int, staged: str, 
     new = store.commit(tensors, {"iteration": iteration + 1, "env_steps": steps, "seed": cfg.seed,
                                  "rng": RNG_SCHEME, "config": cfg.model_dump(mode="json")})
     summary = _summary(store, new)
-    summary["torch_save_bytes"] = torch_save_bytes(tensors)
     fs, path = fsspec.core.url_to_fs(RunLayout(cfg.run_url).iteration(iteration))
     fs.rm(path, recursive=True)  # the committed version now holds everything the step outputs carried
     return summary
