@@ -84,34 +84,48 @@ def test_same_name_with_other_settings_is_refused(tmp_path) -> None:
 
 def test_a_run_continues_on_another_number_of_env_workers(tmp_path, monkeypatch) -> None:
     """Its 8 envs trained on 2 workers, a run continues on 1 worker holding all 8 (restored from the checkpoint in
-    global env order) and computes what the run without the re-split computes; a continuation with another number
-    of envs is refused. Reference kernels: tuned winners may differ between batch sizes of 4 and 8."""
+    global env order) and computes what the never re-split run computes (the in-process loop, whose weights the flow
+    matches bit for bit); a continuation with another number of envs is refused. Reference kernels: tuned winners
+    may differ between batch sizes of 4 and 8."""
+    import torch
+
+    from rl_core.algos.train_loop import train_in_process
+    from rl_core.config import build_config
+    from rl_core.runtime.trainer import TRAINER_THREADS
+
     monkeypatch.setenv("GYMFLOW_KERNELS", "reference")
-    _run(tmp_path / "resized", run_name="r", iterations=1)  # the tiny preset: 2 workers x 4 envs
-    resized = _run(tmp_path / "resized", run_name="r", iterations=3, num_workers=1, envs_per_worker=8)
-    unsplit = _run(tmp_path / "unsplit", run_name="r", iterations=3)
-    assert resized["env_steps"] == 3 * 8 * 16
-    store = CheckpointStore(f"{tmp_path}/resized/runs/r/checkpoints")
-    assert store.versions() == [0, 1, 2, 3]
-    assert store.load(3).tensors["env.episode_step"].tolist() == [3 * 16] * 8  # continued, not reset (HalfCheetah)
-    assert resized["policy_sha256"] == unsplit["policy_sha256"]
+    _run(tmp_path, run_name="r", iterations=1, num_ranks=1)  # the tiny preset: 2 workers x 4 envs
+    resized = _run(tmp_path, run_name="r", iterations=2, num_ranks=1, num_workers=1, envs_per_worker=8)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(TRAINER_THREADS)  # the ranks' thread count: eager autograd's sums depend on it
+    try:
+        unsplit = train_in_process(build_config("tiny", run_name="r", iterations=2, num_ranks=1))
+    finally:
+        torch.set_num_threads(threads)
+    store = CheckpointStore(f"{tmp_path}/runs/r/checkpoints")
+    assert store.versions() == [0, 1, 2]
+    assert store.load(2).tensors["env.episode_step"].tolist() == [2 * 16] * 8  # continued, not reset (HalfCheetah)
+    assert resized["policy_sha256"] == unsplit.policy_sha256
     with pytest.raises(ConfigError, match="num_workers x envs_per_worker: was 8, now 16"):
-        _run(tmp_path / "resized", run_name="r", iterations=4, num_workers=4, envs_per_worker=4)
+        _run(tmp_path, run_name="r", iterations=3, num_ranks=1, num_workers=4, envs_per_worker=4)
 
 
-def test_command_line_trains_and_stops_its_actors_when_the_run_is_refused(tmp_path, capsys) -> None:
-    """The CLI creates the run's actors before the flow starts (which then uses them); when the flow refuses the
-    run (another configuration under the same name), the command still stops the actors it created."""
+def test_command_line_stops_the_actors_it_started_when_the_run_is_refused(tmp_path, capsys) -> None:
+    """The CLI creates the run's actors before the flow starts; when the flow then refuses the run (another
+    configuration under the same name), the command exits 2 and stops the actors it created. (A whole run through
+    the command line: the SIGKILL test in test_resume.py.)"""
     import ray
 
     from flows.train_control import main
+    from rl_core.config import build_config
+    from rl_core.data.run_info import open_run
 
-    args = ["--preset", "tiny", "--run-name", "cli", "--store", f"file://{tmp_path}/runs", "--iterations", "1"]
-    assert main(args) == 0
-    assert CheckpointStore(f"{tmp_path}/runs/cli/checkpoints").versions() == [0, 1]
-    assert main([*args, "--seed", "9"]) == 2
+    store = f"file://{tmp_path}/runs"
+    open_run(build_config("tiny", run_name="cli", store=store))  # an existing run, seed 0
+    assert main(["--preset", "tiny", "--run-name", "cli", "--store", store, "--seed", "9"]) == 2
     assert "seed: was 0, now 9" in capsys.readouterr().out.replace("\n", " ")
     assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if "gymflow-cli-" in a["name"]]
+
 
 @pytest.mark.parametrize(
     ("env", "env_module"), [("ReachingArm-v0", "examples.reaching_arm"), ("gym:Pendulum-v1", None)]
