@@ -20,9 +20,8 @@ Env steps/s = env steps / wall time of training (collection + updates; for the f
 last line reports it, ``command_s``: Prefect's temporary API, Ray and the actors starting, the flow run with its
 checkpoints and final evaluation; not the interpreter's imports and exit, which the direct run does not count
 either). ``flow_run_overhead`` counts the flow run alone (the API already up, Ray started before it or inside
-it). Before the timed runs of a task,
-one untimed iteration of each gymflow system tunes the kernels it dispatches (a one-off per machine, cached: without
-it the first timed run would pay it and later ones not). Orchestration overhead
+it). Before the timed runs of a task, one untimed iteration of each gymflow system tunes the kernels it dispatches
+(a one-off per machine, cached: without it the first timed run would pay it and later ones not). Orchestration overhead
 = the flow's wall time / the direct run's (training + final evaluation), sequential and overlapped alike. Final
 return = mean of ``EVAL_EPISODES`` deterministic episodes. Each process uses one torch thread. Last line: one
 JSON object; its un-suffixed keys are the default (sequential) configuration, ``*_overlap`` keys the overlapped.

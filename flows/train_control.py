@@ -70,8 +70,10 @@ def train_control(
     `randomize_dynamics` f scales each env's masses, friction and damping by U(1 - f, 1 + f).
     """
     started = time.perf_counter()
-    cfg = run_config(preset, run_name, seed, iterations, env, env_module, randomize_dynamics, store, num_ranks,
-                     num_workers, envs_per_worker, rollout_steps, eval_episodes, overlap)
+    cfg = run_config(preset=preset, run_name=run_name, seed=seed, iterations=iterations, env=env, env_module=env_module,
+                     randomize_dynamics=randomize_dynamics, store=store, num_ranks=num_ranks, num_workers=num_workers,
+                     envs_per_worker=envs_per_worker, rollout_steps=rollout_steps, eval_episodes=eval_episodes,
+                     overlap=overlap)
     logger = get_run_logger()
     if store_credentials_block:  # before anything touches the store or starts Ray (its workers inherit them)
         names = export_store_credentials(store_credentials_block)
@@ -118,7 +120,7 @@ def train_control(
 
 
 def run_config(
-    preset: str, run_name: str | None, seed: int, iterations: int | None, env: str, env_module: str | None,
+    *, preset: str, run_name: str | None, seed: int, iterations: int | None, env: str, env_module: str | None,
     randomize_dynamics: float | None, store: str, num_ranks: int | None, num_workers: int | None,
     envs_per_worker: int | None, rollout_steps: int | None, eval_episodes: int | None, overlap: bool | None,
 ) -> RunConfig:

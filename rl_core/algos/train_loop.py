@@ -1,8 +1,8 @@
 """PPO in one process, without Prefect, Ray or a store: the reference the orchestrated flow is measured against.
 
 It runs the same pieces the flow's steps run, in the same order and with the same counter-based seeds:
-worker w's envs [w * envs_per_worker, (w + 1) * envs_per_worker) collect with the generator of
-(seed, iteration, env offset); the rollouts are scored together; one PPO update (world size 1) follows.
+worker w's envs [w * envs_per_worker, (w + 1) * envs_per_worker) collect, each env with the action noise of
+(seed, iteration, env index); the rollouts are scored together; one PPO update (world size 1) follows.
 So with ``num_ranks=1`` it computes the flow's weights bit for bit; with more ranks the flow differs only by
 float summation order (see ppo.py).
 """
