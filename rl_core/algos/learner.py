@@ -24,9 +24,20 @@ class PPOLearner:
         torch.manual_seed(seed)
         self.cfg = cfg
         self.model = ActorCritic(obs_dim, act_dim, cfg.hidden, cfg.log_std_init)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
+        self._optimizer: torch.optim.Adam | None = None
         self.obs_norm = ObservationNormalizer(obs_dim)
         self.return_norm = ObservationNormalizer(1)  # variance of discounted returns, for reward scaling
+
+    @property
+    def optimizer(self) -> torch.optim.Adam:
+        """Adam over the model's parameters, created on first use: creating a torch optimizer imports
+        `torch._dynamo` (~2 s of CPU and ~70 MB per process here), which acting-only processes such as env
+        workers and evaluation never need. Its state holds nothing before the first step, so when it is
+        created does not change any result."""
+        if self._optimizer is None:
+            self._optimizer = torch.optim.Adam(self.model.parameters(), lr=self.cfg.learning_rate, eps=1e-5,
+                                               fused=True)
+        return self._optimizer
 
     def reward_scale(self) -> float:
         """1/std of discounted returns (gymnasium's NormalizeReward), 1 before data or when disabled."""
@@ -43,7 +54,8 @@ class PPOLearner:
     def state(self) -> dict[str, np.ndarray]:
         """Every tensor of the learner, keyed by a stable dotted name, as owned numpy copies."""
         out = {f"model.{k}": v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
-        for idx, slots in self.optimizer.state_dict()["state"].items():
+        optimizer_slots = self._optimizer.state_dict()["state"] if self._optimizer is not None else {}
+        for idx, slots in optimizer_slots.items():
             for key, value in slots.items():
                 out[f"optim.{idx}.{key}"] = value.detach().numpy().copy()
         out.update({f"obs_norm.{k}": v for k, v in self.obs_norm.state().items()})
