@@ -46,10 +46,7 @@ The remaining window is a writer re-uploading an *orphaned* object between gc's 
 the delete (milliseconds, and only for objects no committed version references); a claim left by a crashed
 writer is deleted once older than ``grace_s``.
 
-Exclusive create per backend: local files use ``open(path, "xb")`` (O_EXCL, atomic); ``memory://`` checks then
-creates under a process-wide lock; other backends use ``pipe_file(mode="create")``, which s3fs sends as a
-conditional PUT (``If-None-Match: *``, answered 412 -> FileExistsError). s3fs's ``open(path, "xb")`` is NOT
-exclusive for empty objects, so it is never used here.
+How each backend publishes whole objects and creates exclusively: ``objects.py``. Reading back: ``restore.py``.
 """
 
 from __future__ import annotations
@@ -59,19 +56,12 @@ import json
 import logging
 import os
 import threading
-import time
-import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-import fsspec
 import numpy as np
-from fsspec.implementations.local import LocalFileSystem
-from fsspec.implementations.memory import MemoryFileSystem
 
 from .chunks import (
     chunk_spans,
@@ -80,13 +70,10 @@ from .chunks import (
     normalize_meta,
     prepare_tensors,
     probe,
-    raw_hash_matches,
     raw_view,
-    sha256_hex,
     tensor_row_bytes,
     to_array,
 )
-from .codec import decode_diff, decode_full, decode_rows, decode_xor
 from .errors import (
     CheckpointError,
     ChunkCorruptError,
@@ -98,7 +85,10 @@ from .errors import (
     VersionConflictError,
     VersionNotFoundError,
 )
+from .gc import collect_garbage
 from .manifest import ChunkEntry, Manifest, TensorEntry
+from .objects import StoreObjects, redact
+from .restore import VersionReader
 
 __all__ = [
     "CheckpointError",
@@ -115,10 +105,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("rl_core.checkpoint")
-
-# memory:// implements exclusive create as exists-then-create; its store is process-global, so one
-# process-wide lock makes that pair atomic.
-_MEMORY_CREATE_LOCK = threading.Lock()
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 INLINE_MAX_BYTES = 4 << 20
@@ -163,13 +149,6 @@ class _Ref:
     raw: np.ndarray
 
 
-def _redact(url: str) -> str:
-    """The URL without user info or query string, which is where credentials hide; safe to log."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
 #: codecs of chunks that changed everywhere: the ones a new base could make cheaper
 _DENSE = ("full", "diff", "xor")
 
@@ -187,22 +166,6 @@ class _Probes:
 def _delta_bytes(manifest: Manifest) -> int:
     """Bytes of the objects a delta version stores itself (its non-"same" chunks, each object once)."""
     return sum({c.chunk: c.encoded_bytes for e in manifest.tensors.values() for c in e.chunks if c.codec != "same"}.values())
-
-
-def _mtime(info: Mapping[str, Any]) -> float | None:
-    """Modification time (seconds since the epoch) from an fsspec info dict, None when the backend has none."""
-    for key in ("mtime", "LastModified", "last_modified", "created", "ctime"):
-        value = info.get(key)
-        if isinstance(value, datetime):
-            return value.timestamp()
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                continue
-    return None
 
 
 # --------------------------------------------------------------------------------------------------- store
@@ -234,19 +197,15 @@ class CheckpointStore:
             raise ValueError(f"chunk_bytes must be a positive int (4-16 MiB suits object stores), got {chunk_bytes!r}")
         if not rebase_ratio > 0:
             raise ValueError(f"rebase_ratio must be > 0, got {rebase_ratio!r}")
-        self._url = _redact(url)
+        self._url = redact(url)
         self._full_every = full_every
         self._chunk_bytes = chunk_bytes
         self._rebase_ratio = float(rebase_ratio)
         self._workers = max(1, workers if workers is not None else min(4, os.cpu_count() or 1))
-        self._fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
-        protocols = {self._fs.protocol} if isinstance(self._fs.protocol, str) else set(self._fs.protocol)
-        self._local = bool(protocols & {"file", "local", "memory"})
-        self._root = root.rstrip("/")
+        self._objects = StoreObjects(url, storage_options)
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
-        self._manifests: dict[int, Manifest] = {}  # committed manifests never change (gc may delete them)
-        self._made_dirs: set[str] = set()
+        self._reader = VersionReader(self._objects, self._url, self._map)
         # writer state: the tensors deltas are encoded against, and the version the next commit builds on
         self._refs: dict[str, _Ref] | None = None
         self._base: Manifest | None = None
@@ -277,7 +236,7 @@ class CheckpointStore:
 
     def versions(self) -> list[int]:
         """Committed versions (those with a commit marker), ascending."""
-        return sorted(self._scan()[0])
+        return sorted(self._objects.scan()[0])
 
     def latest(self) -> int | None:
         """Newest committed version, or None for an empty store. It may still fail verification: load()
@@ -317,7 +276,7 @@ class CheckpointStore:
             reused = (reused - {None}) | manifest.ref_versions()
             self._storage_call("upload chunks", lambda: self._write_chunks(payloads))
             self._publish(manifest, reused)
-            self._manifests[version] = manifest
+            self._reader.remember(manifest)
             self._head = manifest
             self._probes = _Probes(version, probes, fresh_ratio)
             for sha in manifest.objects():
@@ -388,7 +347,7 @@ class CheckpointStore:
             errors: dict[int, str] = {}
             for v in targets:
                 try:
-                    self._restore(v)
+                    self._reader.restore(v)
                 except RestoreError as exc:
                     errors[v] = str(exc)
             return {"checked": targets, "errors": errors}
@@ -416,65 +375,24 @@ class CheckpointStore:
         if keep_every is not None and (not isinstance(keep_every, int) or keep_every < 1):
             raise ValueError(f"keep_every must be None or an int >= 1, got {keep_every!r}")
         with self._lock:
-            objects = self._list_objects()  # (a) before anything else: later uploads are not candidates
-            committed, claimed = self._scan()
-            ordered = sorted(committed)
-            keep = set(ordered[-keep_last:])
-            if keep_every:
-                keep |= {v for v in ordered if v % keep_every == 0}
-            needed = set(keep)
-            for v in sorted(keep):  # (b) a kept version's base (and late-tensor versions) stay
-                try:
-                    needed |= self._read_manifest(v, v).ref_versions() & committed
-                except RestoreError as exc:
-                    logger.warning("gc: %s; keeping it, and keeping everything it may reference", exc)
-                    needed |= {u for u in committed if u < v}
-            doomed = sorted(set(ordered) - needed)
-            now = time.time()
-            stale_claims = []
-            for v in sorted(claimed - committed):
-                info = self._info_or_none(self._manifest_path(v))
-                t = None if info is None else _mtime(info)
-                if t is not None and now - t > claim_grace_s:
-                    stale_claims.append(v)
-            if not dry_run:  # (c) marker first: the version vanishes for readers in one step
-                for v in doomed:
-                    self._fs.rm_file(self._marker_path(v))
-                    self._discard(self._manifest_path(v))
-                    self._manifests.pop(v, None)
-                    if self._head is not None and self._head.version == v:
-                        self._head = None
-                    if self._base is not None and self._base.version == v:
-                        self._refs, self._base = None, None
-                for v in stale_claims:
-                    self._discard(self._manifest_path(v))
-                self._known = {s: v for s, v in self._known.items() if v not in set(doomed)}
-            referenced = self._referenced_objects(exclude=set(doomed) if dry_run else set())  # (d)
-            deleted, freed, young = [], 0, 0
-            for sha, (path, info) in sorted(objects.items()):
-                if sha in referenced:
-                    continue
-                fresh = self._info_or_none(path) if not dry_run else info  # (e) re-read just before deleting
-                if fresh is None:
-                    continue
-                t = _mtime(fresh)
-                if grace_s > 0 and (t is None or time.time() - t <= grace_s):
-                    young += 1
-                    continue
-                if not dry_run:
-                    self._discard(path)
-                    self._known.pop(sha, None)
-                deleted.append(sha)
-                freed += int(fresh.get("size") or 0)
-            return {
-                "kept_versions": sorted(needed),
-                "deleted_versions": doomed,
-                "deleted_claims": stale_claims,
-                "deleted_chunks": len(deleted),
-                "freed_bytes": freed,
-                "young_unreferenced_chunks": young,
-                "dry_run": dry_run,
-            }
+            return collect_garbage(
+                self._objects, self._reader, self._url, keep_last=keep_last, keep_every=keep_every, grace_s=grace_s,
+                claim_grace_s=claim_grace_s, dry_run=dry_run, forget_version=self._forget_version,
+                forget_object=self._forget_object,
+            )
+
+    def _forget_version(self, version: int) -> None:
+        """gc deleted ``version``: drop its manifest, and stop building on it or reusing its objects."""
+        self._reader.forget(version)
+        if self._head is not None and self._head.version == version:
+            self._head = None
+        if self._base is not None and self._base.version == version:
+            self._refs, self._base = None, None
+        self._known = {sha: v for sha, v in self._known.items() if v != version}
+
+    def _forget_object(self, sha: str) -> None:
+        """gc deleted object ``sha``: the next commit that needs it uploads it again."""
+        self._known.pop(sha, None)
 
     def close(self) -> None:
         """Stop the worker threads (the store stays usable; they restart on demand)."""
@@ -483,17 +401,6 @@ class CheckpointStore:
                 self._pool.shutdown(wait=True)
                 self._pool = None
 
-    # ------------------------------------------------------------------------------------------- paths
-
-    def _chunk_path(self, sha: str) -> str:
-        return f"{self._root}/chunks/{sha[:2]}/{sha}"
-
-    def _manifest_path(self, version: int) -> str:
-        return f"{self._root}/versions/{version:08d}.json"
-
-    def _marker_path(self, version: int) -> str:
-        return f"{self._root}/versions/{version:08d}.commit"
-
     # ----------------------------------------------------------------------------------------- writing
 
     def _map(self, fn: Callable[..., Any], items: list[Any], nbytes: int) -> list[Any]:
@@ -501,7 +408,7 @@ class CheckpointStore:
         raised. Small work on a local filesystem runs inline: there one future per job and the GIL hand-offs cost
         more than the work (a 69-tensor, 182 KB learner state measured here: commit 23 vs 29 ms, load 5 vs 13 ms).
         Object stores keep the threads at any size, since each job waits on a network round trip."""
-        if len(items) <= 1 or self._workers == 1 or (self._local and nbytes < INLINE_MAX_BYTES):
+        if len(items) <= 1 or self._workers == 1 or (self._objects.local and nbytes < INLINE_MAX_BYTES):
             return [fn(*it) for it in items]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="ckpt")
@@ -514,10 +421,7 @@ class CheckpointStore:
         except CheckpointError:
             raise
         except Exception as exc:  # noqa: BLE001 - botocore, aiohttp, OSError ...: all mean "storage failed"
-            raise StorageError(
-                f"checkpoint store {self._url}: could not {what} ({type(exc).__name__}: {exc}); nothing of this "
-                "commit is visible, commit again when storage is reachable"
-            ) from exc
+            raise self._storage_error(what, exc) from exc
 
     @staticmethod
     def _private_copy(arr: np.ndarray) -> np.ndarray:
@@ -558,7 +462,7 @@ class CheckpointStore:
             committed = self.versions()
             for v in reversed(committed):
                 try:
-                    head = self._read_manifest(v, v)
+                    head = self._reader.manifest(v, v)
                 except RestoreError as exc:
                     logger.warning("%s Skipping it when choosing what to commit against.", exc)
                     continue
@@ -569,7 +473,7 @@ class CheckpointStore:
                 self._head = None
                 return
         try:
-            base, raws = self._restore(base_version)
+            base, raws = self._reader.restore(base_version)
         except RestoreError as exc:
             logger.warning("%s Committing a full snapshot instead of a delta.", exc)
             self._head, self._pending_base, self._known = None, None, {}
@@ -643,32 +547,33 @@ class CheckpointStore:
     def _write_chunks(self, payloads: dict[str, bytes]) -> None:
         """Upload every object (always: an existing object of the same name may be an orphan that gc is
         about to delete; uploading refreshes it, see the module docstring)."""
-        self._map(lambda sha, data: self._put_whole(self._chunk_path(sha), data), list(payloads.items()),
+        self._map(lambda sha, data: self._objects.put_whole(self._objects.chunk_path(sha), data), list(payloads.items()),
                   sum(len(data) for data in payloads.values()))
 
     def _next_version(self) -> int:
-        committed, claimed = self._scan()
+        committed, claimed = self._objects.scan()
         return max(committed | claimed, default=-1) + 1
 
     def _publish(self, manifest: Manifest, reused: set[int]) -> None:
         """Claim the version with the manifest, check what it reuses still exists, then make it visible with
         the marker (see module docstring)."""
         version = manifest.version
-        manifest_path, marker_path = self._manifest_path(version), self._marker_path(version)
+        objects = self._objects
+        manifest_path, marker_path = objects.manifest_path(version), objects.marker_path(version)
         data = manifest.to_json_bytes()
         try:
-            self._create_exclusive(manifest_path, data)
+            objects.create_exclusive(manifest_path, data)
         except FileExistsError:
             raise VersionConflictError(self._url, version) from None
         except BaseException as exc:
-            self._discard_if_ours(manifest_path, data)
+            objects.discard_if_ours(manifest_path, data)
             if isinstance(exc, Exception) and not isinstance(exc, CheckpointError):
                 raise self._storage_error("write manifest", exc) from exc
             raise
         for v in sorted(reused):
-            present = self._exists_or_none(self._marker_path(v))
+            present = objects.exists_or_none(objects.marker_path(v))
             if not present:
-                self._discard(manifest_path)
+                objects.discard(manifest_path)
                 self._refs, self._base, self._head, self._known = None, None, None, {}
                 what = "was deleted (by gc?)" if present is False else "could not be checked (storage unreachable?)"
                 err = StorageError if present is None else CheckpointError
@@ -677,19 +582,19 @@ class CheckpointStore:
                     "during the commit; nothing of this commit is visible. Commit again (it writes a full version)"
                 )
         try:
-            self._create_exclusive(marker_path, b"")
+            objects.create_exclusive(marker_path, b"")
         except FileExistsError:
-            self._discard(manifest_path)
+            objects.discard(manifest_path)
             raise VersionConflictError(self._url, version) from None
         except BaseException as exc:
-            landed = self._exists_or_none(marker_path)
+            landed = objects.exists_or_none(marker_path)
             if landed:  # our side saw an error but the marker reached storage: the version is committed
                 logger.warning(
                     "commit marker %s was written despite %r; version %d is committed", marker_path, exc, version
                 )
                 return
             if landed is False:  # when unknown (None) keep the claim: an orphan claim only costs a number
-                self._discard(manifest_path)
+                objects.discard(manifest_path)
             if isinstance(exc, Exception) and not isinstance(exc, CheckpointError):
                 raise self._storage_error("write commit marker", exc) from exc
             raise
@@ -700,267 +605,22 @@ class CheckpointStore:
             "commit is visible, commit again when storage is reachable"
         )
 
-    # ------------------------------------------------------------------------------------- backend I/O
-
-    def _scan(self) -> tuple[set[int], set[int]]:
-        """(committed, claimed) version numbers, from a fresh listing of versions/ (other writers append)."""
-        directory = f"{self._root}/versions"
-        self._fs.invalidate_cache(directory)
-        try:
-            names = self._fs.ls(directory, detail=False)
-        except FileNotFoundError:
-            return set(), set()
-        committed: set[int] = set()
-        claimed: set[int] = set()
-        for path in names:
-            stem, _, ext = path.rstrip("/").rsplit("/", 1)[-1].partition(".")
-            if stem.isascii() and stem.isdigit():
-                if ext == "commit":
-                    committed.add(int(stem))
-                elif ext == "json":
-                    claimed.add(int(stem))
-        return committed, claimed
-
-    def _list_objects(self) -> dict[str, tuple[str, dict[str, Any]]]:
-        """sha -> (path, info) of every chunk object (temp files of interrupted local writes included by path)."""
-        directory = f"{self._root}/chunks"
-        self._fs.invalidate_cache(directory)
-        try:
-            found = self._fs.find(directory, detail=True)
-        except FileNotFoundError:
-            return {}
-        out = {}
-        for path, info in found.items():
-            name = path.rstrip("/").rsplit("/", 1)[-1]
-            out[name] = (path, info)
-        return out
-
-    def _referenced_objects(self, exclude: set[int]) -> set[str]:
-        """Objects referenced by any manifest present now, committed or claimed (in flight). A claim that does
-        not parse (still being written, or half written by a crash) protects nothing, but its objects are
-        young and protected by the grace period."""
-        committed, claimed = self._scan()
-        refs: set[str] = set()
-        for v in sorted((committed | claimed) - exclude):
-            try:
-                self._fs.invalidate_cache(self._manifest_path(v))
-                refs |= Manifest.from_json_bytes(self._fs.cat_file(self._manifest_path(v))).objects()
-            except FileNotFoundError:
-                continue
-            except ValueError:
-                if v in committed:
-                    raise ManifestCorruptError(
-                        url=self._url, version=v, detail="gc cannot tell what it references; nothing deleted"
-                    ) from None
-        return refs
-
-    def _info_or_none(self, path: str) -> dict[str, Any] | None:
-        try:
-            self._fs.invalidate_cache(path)
-            return self._fs.info(path)
-        except FileNotFoundError:
-            return None
-
-    def _makedirs(self, path: str) -> None:
-        """Local directories must exist before a write; object stores and memory:// have none to make."""
-        parent = path.rsplit("/", 1)[0]
-        if isinstance(self._fs, LocalFileSystem) and parent not in self._made_dirs:
-            self._fs.makedirs(parent, exist_ok=True)
-            self._made_dirs.add(parent)
-
-    def _put_whole(self, path: str, data: bytes) -> None:
-        """Write an object so that it appears complete or not at all. Object stores (s3fs ``pipe_file``: one
-        PUT, or a multipart upload it aborts on error) and memory:// already do; a local file is written under a
-        temporary name and renamed, so a concurrent writer of the same chunk never exposes a truncated file."""
-        self._makedirs(path)
-        if not isinstance(self._fs, LocalFileSystem):
-            self._fs.pipe_file(path, data)
-            return
-        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-        try:
-            self._fs.pipe_file(tmp, data)
-            self._fs.mv(tmp, path)
-        except BaseException:
-            self._discard(tmp)
-            raise
-
-    def _create_exclusive(self, path: str, data: bytes) -> None:
-        """Create ``path`` holding ``data``; raise FileExistsError if it exists. On failure after creating it
-        partially, remove what was created (we own it: nobody else could create it)."""
-        self._makedirs(path)
-        if isinstance(self._fs, LocalFileSystem):
-            f = self._fs.open(path, "xb")  # O_EXCL
-            try:
-                with f:
-                    f.write(data)
-            except BaseException:
-                self._discard(path)
-                raise
-        elif isinstance(self._fs, MemoryFileSystem):
-            with _MEMORY_CREATE_LOCK:
-                self._fs.pipe_file(path, data, mode="create")
-        else:
-            self._fs.pipe_file(path, data, mode="create")  # s3fs: PUT with If-None-Match: *
-
-    def _size_or_none(self, path: str) -> int | None:
-        try:
-            return self._fs.size(path)
-        except FileNotFoundError:
-            return None
-
-    def _exists_or_none(self, path: str) -> bool | None:
-        """Whether ``path`` exists, or None if storage cannot tell us right now."""
-        try:
-            self._fs.invalidate_cache(path)
-            return bool(self._fs.exists(path))
-        except Exception:  # noqa: BLE001 - already handling a storage failure; "unknown" is the answer
-            return None
-
-    def _discard_if_ours(self, path: str, data: bytes) -> None:
-        """After a failed exclusive create, remove what it left at ``path`` (all of ``data`` whose reply was
-        lost, or a prefix of it on a backend without atomic uploads). A different object there is another
-        writer's claim and stays; if storage cannot be read, the claim stays too (an orphan claim is skipped)."""
-        try:
-            self._fs.invalidate_cache(path)
-            existing = self._fs.cat_file(path)
-        except Exception:  # noqa: BLE001 - FileNotFoundError: nothing left; anything else: cannot tell
-            return
-        if existing and data.startswith(existing):
-            self._discard(path)
-
-    def _discard(self, path: str) -> None:
-        """Best-effort removal of an object this commit created; never masks the error being handled."""
-        try:
-            self._fs.rm_file(path)
-        except FileNotFoundError:
-            pass
-        except Exception as exc:  # noqa: BLE001
-            logger.warning(
-                "could not remove %s after a failed commit (%r); no committed version refers to it", path, exc
-            )
-
     # ----------------------------------------------------------------------------------------- reading
 
     def _committed_manifest(self, version: int) -> Manifest:
-        if version not in self._manifests:
+        if not self._reader.is_cached(version):
             committed = self.versions()
             if version not in committed:
                 raise VersionNotFoundError(self._url, version, committed)
-        return self._read_manifest(version, version)
-
-    def _read_manifest(self, version: int, requested: int) -> Manifest:
-        """Parse a committed version's manifest (cached: committed manifests are immutable)."""
-        cached = self._manifests.get(version)
-        if cached is not None:
-            return cached
-        path = self._manifest_path(version)
-
-        def corrupt(detail: str) -> ManifestCorruptError:
-            return ManifestCorruptError(url=self._url, version=requested, source_version=version, detail=detail)
-
-        try:
-            data = self._fs.cat_file(path)
-        except FileNotFoundError:
-            raise corrupt(f"manifest {path} does not exist") from None
-        try:
-            manifest = Manifest.from_json_bytes(data)
-        except ValueError as exc:
-            raise corrupt(f"manifest {path} is not a valid schema-2 manifest ({str(exc)[:300]})") from None
-        if manifest.version != version:
-            raise corrupt(f"manifest {path} says it is version {manifest.version}")
-        self._manifests[version] = manifest
-        return manifest
+        return self._reader.manifest(version, version)
 
     def _load_verified(self, version: int | None) -> tuple[Manifest, dict[str, np.ndarray]]:
         committed = self.versions()
         if version is None:
-            return self._restore_newest(committed)
+            return self._reader.restore_newest(committed)
         if version not in committed:
             raise VersionNotFoundError(self._url, version, committed)
         try:
-            return self._restore(version)
+            return self._reader.restore(version)
         except RestoreError as exc:
-            raise exc.with_fallback(self._newest_loadable_before(version, committed, exc)) from None
-
-    def _restore(self, version: int) -> tuple[Manifest, dict[str, np.ndarray]]:
-        """Verified raw bytes (read-only flat uint8) of every tensor of ``version``, chunks decoded on the
-        worker threads; the first failing chunk in manifest order is raised."""
-        manifest = self._read_manifest(version, version)
-        raws = {name: np.empty(e.nbytes, dtype=np.uint8) for name, e in manifest.tensors.items()}
-        jobs = [
-            (version, name, e, c, raws[name][c.offset : c.offset + c.nbytes])
-            for name, e in manifest.tensors.items()
-            for c in e.chunks
-        ]
-        self._map(self._restore_chunk, jobs, sum(e.nbytes for e in manifest.tensors.values()))
-        for raw in raws.values():
-            raw.flags.writeable = False
-        return manifest, raws
-
-    def _restore_chunk(self, requested: int, name: str, entry: TensorEntry, c: ChunkEntry, out: np.ndarray) -> None:
-        """Decode one chunk into ``out``: object hash(es) checked on read, decoded bytes against raw_xxh3."""
-        own_version = c.ref_version if c.codec == "same" else requested
-        payload = self._read_chunk(requested, name, own_version, c.chunk)
-
-        def corrupt(detail: str) -> ChunkCorruptError:
-            return ChunkCorruptError(
-                url=self._url, version=requested, tensor=name, chunk=c.chunk, source_version=own_version, detail=detail
-            )
-
-        itemsize = np.dtype(entry.dtype).itemsize
-        try:
-            if c.codec in ("full", "same"):
-                decode_full(payload, itemsize, out=out)
-            else:
-                ref = decode_full(self._read_chunk(requested, name, c.ref_version, c.ref_chunk), itemsize)
-                if c.codec == "diff":
-                    decode_diff(payload, ref, itemsize, out=out)
-                elif c.codec == "xor":
-                    decode_xor(payload, ref, itemsize, out=out)
-                else:
-                    decode_rows(payload, ref, itemsize, c.row_bytes, out=out)
-        except ValueError as exc:
-            raise corrupt(f"payload does not decode ({exc})") from None
-        if not raw_hash_matches(c, out):
-            raise corrupt(f"decoded bytes at offset {c.offset} do not match the manifest's hash of them")
-
-    def _read_chunk(self, requested: int, name: str, version: int | None, chunk: str) -> bytes:
-        path = self._chunk_path(chunk)
-        fields: dict[str, Any] = dict(
-            url=self._url, version=requested, tensor=name, chunk=chunk, source_version=version
-        )
-        try:
-            data = self._fs.cat_file(path)
-        except FileNotFoundError:
-            raise ChunkMissingError(detail=f"object {path} does not exist", **fields) from None
-        actual = sha256_hex(data)
-        if actual != chunk:
-            raise ChunkCorruptError(detail=f"object {path} hashes to {actual}", **fields)
-        return data
-
-    def _restore_newest(self, committed: list[int]) -> tuple[Manifest, dict[str, np.ndarray]]:
-        """Newest version that verifies; each failing newer one is logged as a warning."""
-        errors: list[RestoreError] = []
-        for i in reversed(range(len(committed))):
-            try:
-                return self._restore(committed[i])
-            except RestoreError as exc:
-                errors.append(exc)
-                target = f"version {committed[i - 1]}" if i else "nothing: no older version exists"
-                logger.warning("%s Falling back to %s.", exc, target)
-        if not errors:
-            raise VersionNotFoundError(self._url, None, [])
-        raise errors[0].with_fallback(None)
-
-    def _newest_loadable_before(self, version: int, committed: Iterable[int], exc: RestoreError) -> int | None:
-        """Newest older version that restores, for error messages. Versions that need the bad object are
-        skipped without decoding anything."""
-        for older in sorted((v for v in committed if v < version), reverse=True):
-            try:
-                if exc.chunk is not None and exc.chunk in self._read_manifest(older, older).objects():
-                    continue
-                self._restore(older)
-            except RestoreError:
-                continue
-            return older
-        return None
+            raise exc.with_fallback(self._reader.newest_loadable_before(version, committed, exc)) from None

@@ -39,7 +39,7 @@ def test_gc_keeps_the_policy_and_the_bases_retained_versions_need(url: str) -> N
     assert fresh.versions() == [0, 4, 5, 8, 9]
     for v in fresh.versions():
         assert fresh.load(v).tensors["x"].tobytes() == history[v].tobytes()
-    needed = set().union(*(fresh._read_manifest(v, v).objects() for v in fresh.versions()))
+    needed = set().union(*(fresh._reader.manifest(v, v).objects() for v in fresh.versions()))
     assert _objects(url) == needed
     assert fresh.verify()["errors"] == {}
     fs, root = fsspec.core.url_to_fs(url)
@@ -69,7 +69,7 @@ def test_a_claimed_manifest_protects_its_chunks_while_the_writer_finishes(url: s
     store, _ = _run(url, 2)
     writer = CheckpointStore(url)
     writer.load()
-    real = writer._create_exclusive
+    real = writer._objects.create_exclusive
     reports = []
 
     def gc_between_claim_and_marker(path: str, data: bytes) -> None:
@@ -77,7 +77,7 @@ def test_a_claimed_manifest_protects_its_chunks_while_the_writer_finishes(url: s
         if path.endswith(".json"):  # claimed, not yet visible: a gc runs now
             reports.append(CheckpointStore(url).gc(keep_last=1, grace_s=0))
 
-    monkeypatch.setattr(writer, "_create_exclusive", gc_between_claim_and_marker)
+    monkeypatch.setattr(writer._objects, "create_exclusive", gc_between_claim_and_marker)
     y = np.random.default_rng(1).standard_normal(4000).astype(np.float32)
     v = writer.commit({"x": y, "const": np.arange(100)}, {})
     assert reports[0]["deleted_chunks"] == 0  # grace 0, yet the claim protects the writer's new objects
@@ -88,7 +88,7 @@ def test_a_commit_whose_base_was_collected_meanwhile_fails_cleanly_then_succeeds
     store, _ = _run(url, 3, full_every=10)  # 0 base, 1, 2 deltas
     writer = CheckpointStore(url)
     writer.load(1)  # continues from version 1 against base 0
-    real = writer._create_exclusive
+    real = writer._objects.create_exclusive
 
     def gc_removes_the_base(path: str, data: bytes) -> None:
         real(path, data)
@@ -97,7 +97,7 @@ def test_a_commit_whose_base_was_collected_meanwhile_fails_cleanly_then_succeeds
             for v in (0, 1, 2):
                 fs.rm_file(f"{root.rstrip('/')}/versions/{v:08d}.commit")
 
-    monkeypatch.setattr(writer, "_create_exclusive", gc_removes_the_base)
+    monkeypatch.setattr(writer._objects, "create_exclusive", gc_removes_the_base)
     x = writer.load(1).tensors["x"]
     with pytest.raises(CheckpointError, match="version 0, whose chunks version 3 reuses, was deleted"):
         writer.commit({"x": x, "const": np.arange(100)}, {})

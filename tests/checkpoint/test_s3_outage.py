@@ -32,7 +32,7 @@ def test_outage_during_a_save_fails_clearly_leaves_no_half_version_and_the_next_
     store = CheckpointStore(url, storage_options=options, chunk_bytes=64 << 10, workers=1)
     assert store.commit(_state(0), {"i": 0}) == 0
 
-    real_put = store._put_whole
+    real_put = store._objects.put_whole
     uploads = []
 
     def put_then_outage(path: str, data: bytes) -> None:
@@ -41,12 +41,12 @@ def test_outage_during_a_save_fails_clearly_leaves_no_half_version_and_the_next_
             s3_server.stop()
         real_put(path, data)
 
-    store._put_whole = put_then_outage  # type: ignore[method-assign]
+    store._objects.put_whole = put_then_outage  # type: ignore[method-assign]
     with pytest.raises(StorageError) as info:
         store.commit(_state(1), {"i": 1})
     msg = str(info.value)
     assert url in msg and "nothing of this commit is visible" in msg and SECRET not in msg
-    store._put_whole = real_put  # type: ignore[method-assign]
+    store._objects.put_whole = real_put  # type: ignore[method-assign]
 
     s3_server.start()
     reader = CheckpointStore(url, storage_options=options)

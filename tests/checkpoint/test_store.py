@@ -207,7 +207,7 @@ def test_commit_never_rereads_the_parent_and_a_fresh_store_loads_it_once(url: st
     state = _policy_state(5)
     store = CheckpointStore(url)
     store.commit(state, {})
-    fs = store._fs
+    fs = store._objects.fs
     reads: list[str] = []
     real_cat_file = fs.cat_file
     monkeypatch.setattr(fs, "cat_file", lambda path, *a, **k: reads.append(path) or real_cat_file(path, *a, **k))
@@ -524,7 +524,7 @@ def test_a_failed_manifest_or_marker_write_leaves_no_version(url: str, monkeypat
     store = CheckpointStore(url)
     store.commit({"x": np.zeros(10)}, {})
     with monkeypatch.context() as m:
-        _fail_writes_to(m, store._fs, suffix)
+        _fail_writes_to(m, store._objects.fs, suffix)
         with pytest.raises(OSError, match="injected"):
             store.commit({"x": np.ones(10)}, {"attempt": 1})
     assert store.versions() == [0]
@@ -539,7 +539,7 @@ def test_a_failed_chunk_write_leaves_no_version_and_no_partial_object(url: str, 
     store.commit({"x": np.zeros(10)}, {})
     chunks_before = _chunk_files(url)
     with monkeypatch.context() as m:
-        _fail_writes_to(m, store._fs, "")  # every write fails; first up is the new chunk
+        _fail_writes_to(m, store._objects.fs, "")  # every write fails; first up is the new chunk
         with pytest.raises(OSError, match="injected"):
             store.commit({"x": np.arange(10.0)}, {})
     assert store.versions() == [0]
@@ -553,14 +553,14 @@ def test_a_failed_chunk_write_leaves_no_version_and_no_partial_object(url: str, 
 
 def test_a_marker_that_landed_despite_an_error_counts_as_committed(url: str, monkeypatch, caplog) -> None:
     store = CheckpointStore(url)
-    real = store._create_exclusive
+    real = store._objects.create_exclusive
 
     def create_then_lose_the_reply(path: str, data: bytes) -> None:
         real(path, data)
         if path.endswith(".commit"):
             raise TimeoutError("reply lost after the write reached storage")
 
-    monkeypatch.setattr(store, "_create_exclusive", create_then_lose_the_reply)
+    monkeypatch.setattr(store._objects, "create_exclusive", create_then_lose_the_reply)
     with caplog.at_level(logging.WARNING, logger="rl_core.checkpoint"):
         assert store.commit({"x": np.ones(3)}, {}) == 0
     assert "version 0 is committed" in caplog.text

@@ -1,0 +1,107 @@
+"""Garbage collection of a checkpoint store: versions outside a retention policy, then unreferenced objects.
+
+Safe while a writer commits; ``store.py``'s docstring gives the order of work (a)-(e) and why it is safe.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .errors import ManifestCorruptError, RestoreError
+from .manifest import Manifest
+from .objects import StoreObjects, mtime
+from .restore import VersionReader
+
+logger = logging.getLogger("rl_core.checkpoint")
+
+
+def collect_garbage(
+    objects: StoreObjects,
+    reader: VersionReader,
+    url: str,
+    *,
+    keep_last: int,
+    keep_every: int | None,
+    grace_s: float,
+    claim_grace_s: float,
+    dry_run: bool,
+    forget_version: Callable[[int], None],
+    forget_object: Callable[[str], None],
+) -> dict[str, Any]:
+    """What ``CheckpointStore.gc`` documents. ``forget_version`` / ``forget_object`` are called for each deleted
+    version and object, so the store drops what it remembered of them."""
+    chunks = objects.list_chunks()  # (a) before anything else: later uploads are not candidates
+    committed, claimed = objects.scan()
+    ordered = sorted(committed)
+    keep = set(ordered[-keep_last:])
+    if keep_every:
+        keep |= {v for v in ordered if v % keep_every == 0}
+    needed = set(keep)
+    for v in sorted(keep):  # (b) a kept version's base (and late-tensor versions) stay
+        try:
+            needed |= reader.manifest(v, v).ref_versions() & committed
+        except RestoreError as exc:
+            logger.warning("gc: %s; keeping it, and keeping everything it may reference", exc)
+            needed |= {u for u in committed if u < v}
+    doomed = sorted(set(ordered) - needed)
+    now = time.time()
+    stale_claims = []
+    for v in sorted(claimed - committed):
+        info = objects.info_or_none(objects.manifest_path(v))
+        t = None if info is None else mtime(info)
+        if t is not None and now - t > claim_grace_s:
+            stale_claims.append(v)
+    if not dry_run:  # (c) marker first: the version vanishes for readers in one step
+        for v in doomed:
+            objects.remove(objects.marker_path(v))
+            objects.discard(objects.manifest_path(v))
+            forget_version(v)
+        for v in stale_claims:
+            objects.discard(objects.manifest_path(v))
+    referenced = _referenced_objects(objects, url, exclude=set(doomed) if dry_run else set())  # (d)
+    deleted, freed, young = [], 0, 0
+    for sha, (path, info) in sorted(chunks.items()):
+        if sha in referenced:
+            continue
+        fresh = objects.info_or_none(path) if not dry_run else info  # (e) re-read just before deleting
+        if fresh is None:
+            continue
+        t = mtime(fresh)
+        if grace_s > 0 and (t is None or time.time() - t <= grace_s):
+            young += 1
+            continue
+        if not dry_run:
+            objects.discard(path)
+            forget_object(sha)
+        deleted.append(sha)
+        freed += int(fresh.get("size") or 0)
+    return {
+        "kept_versions": sorted(needed),
+        "deleted_versions": doomed,
+        "deleted_claims": stale_claims,
+        "deleted_chunks": len(deleted),
+        "freed_bytes": freed,
+        "young_unreferenced_chunks": young,
+        "dry_run": dry_run,
+    }
+
+
+def _referenced_objects(objects: StoreObjects, url: str, exclude: set[int]) -> set[str]:
+    """Objects referenced by any manifest present now, committed or claimed (in flight). A claim that does
+    not parse (still being written, or half written by a crash) protects nothing, but its objects are
+    young and protected by the grace period."""
+    committed, claimed = objects.scan()
+    refs: set[str] = set()
+    for v in sorted((committed | claimed) - exclude):
+        try:
+            refs |= Manifest.from_json_bytes(objects.read_fresh(objects.manifest_path(v))).objects()
+        except FileNotFoundError:
+            continue
+        except ValueError:
+            if v in committed:
+                raise ManifestCorruptError(
+                    url=url, version=v, detail="gc cannot tell what it references; nothing deleted"
+                ) from None
+    return refs

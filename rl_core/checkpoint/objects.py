@@ -1,0 +1,198 @@
+"""The checkpoint store's objects on an fsspec filesystem: where each lives, how they are listed, and the
+writes the commit protocol relies on (whole-or-nothing uploads, exclusive creates, best-effort removal).
+
+Exclusive create per backend: local files use ``open(path, "xb")`` (O_EXCL, atomic); ``memory://`` checks then
+creates under a process-wide lock; other backends use ``pipe_file(mode="create")``, which s3fs sends as a
+conditional PUT (``If-None-Match: *``, answered 412 -> FileExistsError). s3fs's ``open(path, "xb")`` is NOT
+exclusive for empty objects, so it is never used here.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
+
+logger = logging.getLogger("rl_core.checkpoint")
+
+# memory:// implements exclusive create as exists-then-create; its store is process-global, so one
+# process-wide lock makes that pair atomic.
+_MEMORY_CREATE_LOCK = threading.Lock()
+
+
+def redact(url: str) -> str:
+    """The URL without user info or query string, which is where credentials hide; safe to log."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def mtime(info: Mapping[str, Any]) -> float | None:
+    """Modification time (seconds since the epoch) from an fsspec info dict, None when the backend has none."""
+    for key in ("mtime", "LastModified", "last_modified", "created", "ctime"):
+        value = info.get(key)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
+class StoreObjects:
+    """The objects under one store URL (layout in ``store.py``'s docstring): chunks, manifests, commit markers."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
+        self.local = bool(protocols & {"file", "local", "memory"})
+        self._root = root.rstrip("/")
+        self._made_dirs: set[str] = set()
+
+    # ------------------------------------------------------------------------------------------- paths
+
+    def chunk_path(self, sha: str) -> str:
+        return f"{self._root}/chunks/{sha[:2]}/{sha}"
+
+    def manifest_path(self, version: int) -> str:
+        return f"{self._root}/versions/{version:08d}.json"
+
+    def marker_path(self, version: int) -> str:
+        return f"{self._root}/versions/{version:08d}.commit"
+
+    # ----------------------------------------------------------------------------------------- listing
+
+    def scan(self) -> tuple[set[int], set[int]]:
+        """(committed, claimed) version numbers, from a fresh listing of versions/ (other writers append)."""
+        directory = f"{self._root}/versions"
+        self.fs.invalidate_cache(directory)
+        try:
+            names = self.fs.ls(directory, detail=False)
+        except FileNotFoundError:
+            return set(), set()
+        committed: set[int] = set()
+        claimed: set[int] = set()
+        for path in names:
+            stem, _, ext = path.rstrip("/").rsplit("/", 1)[-1].partition(".")
+            if stem.isascii() and stem.isdigit():
+                if ext == "commit":
+                    committed.add(int(stem))
+                elif ext == "json":
+                    claimed.add(int(stem))
+        return committed, claimed
+
+    def list_chunks(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        """sha -> (path, info) of every chunk object (temp files of interrupted local writes included by path)."""
+        directory = f"{self._root}/chunks"
+        self.fs.invalidate_cache(directory)
+        try:
+            found = self.fs.find(directory, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {path.rstrip("/").rsplit("/", 1)[-1]: (path, info) for path, info in found.items()}
+
+    # ----------------------------------------------------------------------------------------- reading
+
+    def read(self, path: str) -> bytes:
+        """The object's bytes; FileNotFoundError when it does not exist."""
+        return self.fs.cat_file(path)
+
+    def read_fresh(self, path: str) -> bytes:
+        """The object's bytes as storage holds them now (not from a listing cache)."""
+        self.fs.invalidate_cache(path)
+        return self.fs.cat_file(path)
+
+    def info_or_none(self, path: str) -> dict[str, Any] | None:
+        try:
+            self.fs.invalidate_cache(path)
+            return self.fs.info(path)
+        except FileNotFoundError:
+            return None
+
+    def exists_or_none(self, path: str) -> bool | None:
+        """Whether ``path`` exists, or None if storage cannot tell us right now."""
+        try:
+            self.fs.invalidate_cache(path)
+            return bool(self.fs.exists(path))
+        except Exception:  # noqa: BLE001 - already handling a storage failure; "unknown" is the answer
+            return None
+
+    # ----------------------------------------------------------------------------------------- writing
+
+    def _makedirs(self, path: str) -> None:
+        """Local directories must exist before a write; object stores and memory:// have none to make."""
+        parent = path.rsplit("/", 1)[0]
+        if isinstance(self.fs, LocalFileSystem) and parent not in self._made_dirs:
+            self.fs.makedirs(parent, exist_ok=True)
+            self._made_dirs.add(parent)
+
+    def put_whole(self, path: str, data: bytes) -> None:
+        """Write an object so that it appears complete or not at all. Object stores (s3fs ``pipe_file``: one
+        PUT, or a multipart upload it aborts on error) and memory:// already do; a local file is written under a
+        temporary name and renamed, so a concurrent writer of the same chunk never exposes a truncated file."""
+        self._makedirs(path)
+        if not isinstance(self.fs, LocalFileSystem):
+            self.fs.pipe_file(path, data)
+            return
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        try:
+            self.fs.pipe_file(tmp, data)
+            self.fs.mv(tmp, path)
+        except BaseException:
+            self.discard(tmp)
+            raise
+
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        """Create ``path`` holding ``data``; raise FileExistsError if it exists. On failure after creating it
+        partially, remove what was created (we own it: nobody else could create it)."""
+        self._makedirs(path)
+        if isinstance(self.fs, LocalFileSystem):
+            f = self.fs.open(path, "xb")  # O_EXCL
+            try:
+                with f:
+                    f.write(data)
+            except BaseException:
+                self.discard(path)
+                raise
+        elif isinstance(self.fs, MemoryFileSystem):
+            with _MEMORY_CREATE_LOCK:
+                self.fs.pipe_file(path, data, mode="create")
+        else:
+            self.fs.pipe_file(path, data, mode="create")  # s3fs: PUT with If-None-Match: *
+
+    def remove(self, path: str) -> None:
+        """Delete an object; storage errors propagate (gc reports them)."""
+        self.fs.rm_file(path)
+
+    def discard_if_ours(self, path: str, data: bytes) -> None:
+        """After a failed exclusive create, remove what it left at ``path`` (all of ``data`` whose reply was
+        lost, or a prefix of it on a backend without atomic uploads). A different object there is another
+        writer's claim and stays; if storage cannot be read, the claim stays too (an orphan claim is skipped)."""
+        try:
+            existing = self.read_fresh(path)
+        except Exception:  # noqa: BLE001 - FileNotFoundError: nothing left; anything else: cannot tell
+            return
+        if existing and data.startswith(existing):
+            self.discard(path)
+
+    def discard(self, path: str) -> None:
+        """Best-effort removal of an object this commit created; never masks the error being handled."""
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:  # noqa: BLE001
+            logger.warning(
+                "could not remove %s after a failed commit (%r); no committed version refers to it", path, exc
+            )

@@ -1,0 +1,147 @@
+"""Reading committed versions back: manifests (cached: a committed manifest never changes) and every tensor's
+bytes, each object checked against its sha256 on read and each decoded chunk against the manifest's hash."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from .chunks import raw_hash_matches, sha256_hex
+from .codec import decode_diff, decode_full, decode_rows, decode_xor
+from .errors import ChunkCorruptError, ChunkMissingError, ManifestCorruptError, RestoreError, VersionNotFoundError
+from .manifest import ChunkEntry, Manifest, TensorEntry
+from .objects import StoreObjects
+
+logger = logging.getLogger("rl_core.checkpoint")
+
+JobRunner = Callable[[Callable[..., Any], list[Any], int], list[Any]]
+"""Runs ``fn(*item)`` for each item (``nbytes`` of data in all), in order: the store's worker threads."""
+
+
+class VersionReader:
+    """Restores versions of one store; errors name the store's (redacted) URL, the version and what to do."""
+
+    def __init__(self, objects: StoreObjects, url: str, run_jobs: JobRunner) -> None:
+        self._objects = objects
+        self._url = url
+        self._run_jobs = run_jobs
+        self._manifests: dict[int, Manifest] = {}
+
+    def remember(self, manifest: Manifest) -> None:
+        """Cache a manifest this process committed."""
+        self._manifests[manifest.version] = manifest
+
+    def forget(self, version: int) -> None:
+        """Drop a deleted version's manifest."""
+        self._manifests.pop(version, None)
+
+    def is_cached(self, version: int) -> bool:
+        return version in self._manifests
+
+    def manifest(self, version: int, requested: int) -> Manifest:
+        """Parse a committed version's manifest; ``requested`` is the version being restored, for errors."""
+        cached = self._manifests.get(version)
+        if cached is not None:
+            return cached
+        path = self._objects.manifest_path(version)
+
+        def corrupt(detail: str) -> ManifestCorruptError:
+            return ManifestCorruptError(url=self._url, version=requested, source_version=version, detail=detail)
+
+        try:
+            data = self._objects.read(path)
+        except FileNotFoundError:
+            raise corrupt(f"manifest {path} does not exist") from None
+        try:
+            manifest = Manifest.from_json_bytes(data)
+        except ValueError as exc:
+            raise corrupt(f"manifest {path} is not a valid schema-2 manifest ({str(exc)[:300]})") from None
+        if manifest.version != version:
+            raise corrupt(f"manifest {path} says it is version {manifest.version}")
+        self._manifests[version] = manifest
+        return manifest
+
+    def restore(self, version: int) -> tuple[Manifest, dict[str, np.ndarray]]:
+        """Verified raw bytes (read-only flat uint8) of every tensor of ``version``, chunks decoded on the
+        worker threads; the first failing chunk in manifest order is raised."""
+        manifest = self.manifest(version, version)
+        raws = {name: np.empty(e.nbytes, dtype=np.uint8) for name, e in manifest.tensors.items()}
+        jobs = [
+            (version, name, e, c, raws[name][c.offset : c.offset + c.nbytes])
+            for name, e in manifest.tensors.items()
+            for c in e.chunks
+        ]
+        self._run_jobs(self._restore_chunk, jobs, sum(e.nbytes for e in manifest.tensors.values()))
+        for raw in raws.values():
+            raw.flags.writeable = False
+        return manifest, raws
+
+    def restore_newest(self, committed: list[int]) -> tuple[Manifest, dict[str, np.ndarray]]:
+        """Newest version that verifies; each failing newer one is logged as a warning."""
+        errors: list[RestoreError] = []
+        for i in reversed(range(len(committed))):
+            try:
+                return self.restore(committed[i])
+            except RestoreError as exc:
+                errors.append(exc)
+                target = f"version {committed[i - 1]}" if i else "nothing: no older version exists"
+                logger.warning("%s Falling back to %s.", exc, target)
+        if not errors:
+            raise VersionNotFoundError(self._url, None, [])
+        raise errors[0].with_fallback(None)
+
+    def newest_loadable_before(self, version: int, committed: Iterable[int], exc: RestoreError) -> int | None:
+        """Newest older version that restores, for error messages. Versions that need the bad object are
+        skipped without decoding anything."""
+        for older in sorted((v for v in committed if v < version), reverse=True):
+            try:
+                if exc.chunk is not None and exc.chunk in self.manifest(older, older).objects():
+                    continue
+                self.restore(older)
+            except RestoreError:
+                continue
+            return older
+        return None
+
+    def _restore_chunk(self, requested: int, name: str, entry: TensorEntry, c: ChunkEntry, out: np.ndarray) -> None:
+        """Decode one chunk into ``out``: object hash(es) checked on read, decoded bytes against raw_xxh3."""
+        own_version = c.ref_version if c.codec == "same" else requested
+        payload = self._read_chunk(requested, name, own_version, c.chunk)
+
+        def corrupt(detail: str) -> ChunkCorruptError:
+            return ChunkCorruptError(
+                url=self._url, version=requested, tensor=name, chunk=c.chunk, source_version=own_version, detail=detail
+            )
+
+        itemsize = np.dtype(entry.dtype).itemsize
+        try:
+            if c.codec in ("full", "same"):
+                decode_full(payload, itemsize, out=out)
+            else:
+                ref = decode_full(self._read_chunk(requested, name, c.ref_version, c.ref_chunk), itemsize)
+                if c.codec == "diff":
+                    decode_diff(payload, ref, itemsize, out=out)
+                elif c.codec == "xor":
+                    decode_xor(payload, ref, itemsize, out=out)
+                else:
+                    decode_rows(payload, ref, itemsize, c.row_bytes, out=out)
+        except ValueError as exc:
+            raise corrupt(f"payload does not decode ({exc})") from None
+        if not raw_hash_matches(c, out):
+            raise corrupt(f"decoded bytes at offset {c.offset} do not match the manifest's hash of them")
+
+    def _read_chunk(self, requested: int, name: str, version: int | None, chunk: str) -> bytes:
+        path = self._objects.chunk_path(chunk)
+        fields: dict[str, Any] = dict(
+            url=self._url, version=requested, tensor=name, chunk=chunk, source_version=version
+        )
+        try:
+            data = self._objects.read(path)
+        except FileNotFoundError:
+            raise ChunkMissingError(detail=f"object {path} does not exist", **fields) from None
+        actual = sha256_hex(data)
+        if actual != chunk:
+            raise ChunkCorruptError(detail=f"object {path} hashes to {actual}", **fields)
+        return data
