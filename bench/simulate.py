@@ -28,8 +28,10 @@ import argparse
 import json
 import multiprocessing
 import os
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
 import gymnasium
@@ -38,11 +40,15 @@ import mujoco.batch
 import mujoco.rollout
 import numpy as np
 
-from rl_core.config import build_config
-from rl_core.envs import BatchedMujocoEnv, get_task
-from rl_core.envs.task import load_model
-from rl_core.runtime.env_pool import EnvWorkerPool
-from rl_core.runtime.local_ray import ensure_ray
+# Run as a script, this file's folder comes first on sys.path and bench/kernels.py would shadow the `kernels`
+# package rl_core imports; the repository root goes there instead.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from rl_core.config import build_config  # noqa: E402
+from rl_core.envs import BatchedMujocoEnv, get_task  # noqa: E402
+from rl_core.envs.task import load_model  # noqa: E402
+from rl_core.runtime.env_pool import EnvWorkerPool  # noqa: E402
+from rl_core.runtime.local_ray import ensure_ray  # noqa: E402
 
 TASKS = {"halfcheetah": "HalfCheetah-v5", "ant": "Ant-v5", "humanoid": "Humanoid-v5"}
 ACTOR_MEMORY_GB = 0.25  # measured Pss of one started env-worker actor is ~0.21 GB (8 actors); keep a margin
