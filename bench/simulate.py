@@ -17,9 +17,13 @@ actor to start an `EnvWorkerPool` of 2 actors and resize it to 8, 32, 64, 128. E
 holding ~0.21 GB of its own (Pss; torch's import is 0.14 GB of it): sizes above `--max-actors`, or that would
 not fit in free memory (128 actors need ~32 GB with a margin), are skipped and reported as such.
 
-    python bench/simulate.py [--quick] [--seconds 2] [--max-actors 128]
+    python bench/simulate.py [--quick] [--seconds 2] [--rounds 3] [--max-actors 128]
 
-Random actions are uniform in each task's range. Figures on a shared machine move; compare the ratios.
+Throughput figures are measured in `--rounds` rounds (default 3), each round measuring every system once, and
+each system's best round is its rate. On a shared VM the speed of the same 2-s window moves by +-20% from one
+window to the next (HalfCheetah's limit: 43.4k, 45.5k, 49.9k in three consecutive rounds here), and a slowdown
+comes from outside the program measured, so one window per system made the ratios a draw; best-of-N is timeit's
+rule. Random actions are uniform in each task's range.
 Last line: one JSON object (ratios named `<task>_vs_<baseline>`, latency ratios, pool seconds per actor).
 """
 from __future__ import annotations
@@ -200,11 +204,13 @@ def pool_startup(sizes: list[int], max_actors: int) -> dict[str, float | str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="0.5 s per figure, 64 envs only, pool up to 8 actors")
+    parser.add_argument("--quick", action="store_true", help="0.5 s per figure, one round, 64 envs only, pool up to 8 actors")
     parser.add_argument("--seconds", type=float, default=2.0, help="measuring time per throughput figure")
     parser.add_argument("--max-actors", type=int, default=128, help="largest pool size to start (~0.25 GB each)")
     parser.add_argument("--async-envs", type=int, help="AsyncVectorEnv processes (default: 4 per core, <= 64)")
     parser.add_argument("--latency-calls", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="measure every throughput figure this many times, interleaved, and keep each one's best")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     seconds = 0.5 if args.quick else args.seconds
@@ -213,23 +219,30 @@ def main() -> None:
     print(f"cores {cores}; {seconds} s per figure; env steps per second (1 env step = frame_skip physics steps)")
     out: dict[str, object] = {"cores": cores}
     for key, name in TASKS.items():
-        figures, episode_steps = {}, 200
-        for n in batch_sizes:
-            figures[f"ours_{n}"], length = ours(name, n, cores, seconds)
-            episode_steps = length if n == 64 else episode_steps
-        figures["limit"] = physical_limit(name, episode_steps, cores, seconds)
-        pool_rate = envpool_rate(name, 64, cores, seconds)
-        if pool_rate is not None:
-            figures["envpool_64"] = pool_rate
-        figures["gym_sync_64"] = gym_rate(name, 64, seconds, asynchronous=False)
-        figures[f"gym_async_{async_envs}"] = gym_rate(name, async_envs, seconds, asynchronous=True)
-        print(f"{name:16s} " + "  ".join(f"{k} {v:7.0f}" for k, v in figures.items())
-              + f"  (episodes of {episode_steps} steps in the limit)")
+        rounds: list[dict[str, float]] = []
+        for r in range(1 if args.quick else args.rounds):
+            figures, episode_steps = {}, 200
+            for n in batch_sizes:
+                figures[f"ours_{n}"], length = ours(name, n, cores, seconds)
+                episode_steps = length if n == 64 else episode_steps
+            figures["limit"] = physical_limit(name, episode_steps, cores, seconds)
+            pool_rate = envpool_rate(name, 64, cores, seconds)
+            if pool_rate is not None:
+                figures["envpool_64"] = pool_rate
+            figures["gym_sync_64"] = gym_rate(name, 64, seconds, asynchronous=False)
+            figures[f"gym_async_{async_envs}"] = gym_rate(name, async_envs, seconds, asynchronous=True)
+            rounds.append(figures)
+            print(f"{name:16s} round {r + 1}: " + "  ".join(f"{k} {v:7.0f}" for k, v in figures.items())
+                  + f"  (episodes of {episode_steps} steps in the limit)", flush=True)
+        figures = {k: max(f[k] for f in rounds) for k in rounds[0]}
+        pool_rate = figures.get("envpool_64")
+        print(f"{name:16s} best:    " + "  ".join(f"{k} {v:7.0f}" for k, v in figures.items()))
         best = figures["ours_64"]
         out[f"{key}_vs_limit"] = round(best / figures["limit"], 3)
         out[f"{key}_vs_envpool"] = round(best / pool_rate, 3) if pool_rate else "envpool not installed"
         out[f"{key}_vs_gym_sync"] = round(best / figures["gym_sync_64"], 3)
         out[f"{key}_steps_per_s"] = {k: round(v) for k, v in figures.items()}
+        out[f"{key}_steps_per_s_by_round"] = [{k: round(v) for k, v in f.items()} for f in rounds]
         out[f"{key}_limit_episode_steps"] = episode_steps
     calls = 500 if args.quick else args.latency_calls
     lat = latency("HalfCheetah-v5", 64, cores, calls)
