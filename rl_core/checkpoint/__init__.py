@@ -7,8 +7,9 @@ marker per version. ``load()`` restores the newest version that verifies (every 
 is hashed). ``gc()`` applies a retention policy; :class:`AsyncSaver` saves in the background; ``python -m
 rl_core.checkpoint`` is the command line (ls, show, verify, gc, export).
 No pickle anywhere: tensors are raw bytes, dtype/shape/metadata are JSON. See store.py for the layout and the
-commit protocol, manifest.py for the schema, chunks.py for how chunks are cut and encoded, codec.py for the
-byte codecs and errors.py for what can go wrong.
+commit protocol, objects.py for how each backend writes objects, restore.py for verified reads, gc.py for
+retention, manifest.py for the schema, chunks.py for how chunks are cut and encoded, codec.py for the byte codecs
+and errors.py for what can go wrong.
 """
 
 from .asyncsave import AsyncSaveError, AsyncSaver
