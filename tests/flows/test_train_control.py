@@ -87,21 +87,13 @@ def test_a_run_continues_on_another_number_of_env_workers(tmp_path, monkeypatch)
     global env order) and computes what the never re-split run computes (the in-process loop, whose weights the flow
     matches bit for bit); a continuation with another number of envs is refused. Reference kernels: tuned winners
     may differ between batch sizes of 4 and 8."""
-    import torch
-
     from rl_core.algos.train_loop import train_in_process
     from rl_core.config import build_config
-    from rl_core.runtime.trainer import TRAINER_THREADS
 
     monkeypatch.setenv("GYMFLOW_KERNELS", "reference")
     _run(tmp_path, run_name="r", iterations=1, num_ranks=1)  # the tiny preset: 2 workers x 4 envs
     resized = _run(tmp_path, run_name="r", iterations=2, num_ranks=1, num_workers=1, envs_per_worker=8)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(TRAINER_THREADS)  # the ranks' thread count: eager autograd's sums depend on it
-    try:
-        unsplit = train_in_process(build_config("tiny", run_name="r", iterations=2, num_ranks=1))
-    finally:
-        torch.set_num_threads(threads)
+    unsplit = train_in_process(build_config("tiny", run_name="r", iterations=2, num_ranks=1))
     store = CheckpointStore(f"{tmp_path}/runs/r/checkpoints")
     assert store.versions() == [0, 1, 2]
     assert store.load(2).tensors["env.episode_step"].tolist() == [2 * 16] * 8  # continued, not reset (HalfCheetah)
@@ -147,15 +139,11 @@ def test_the_flow_computes_what_rl_core_computes_in_one_process(tmp_path, overla
 
     from rl_core.algos.train_loop import train_in_process
     from rl_core.config import build_config
-    from rl_core.runtime.trainer import TRAINER_THREADS
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(TRAINER_THREADS)
-    try:
-        flow = _run(tmp_path, run_name="orchestrated", seed=5, num_ranks=1, overlap=overlap, iterations=3)
-        direct = train_in_process(build_config("tiny", run_name="direct", seed=5, num_ranks=1, overlap=overlap,
-                                               iterations=3))
-    finally:
-        torch.set_num_threads(threads)
+    flow = _run(tmp_path, run_name="orchestrated", seed=5, num_ranks=1, overlap=overlap, iterations=3)
+    direct = train_in_process(build_config("tiny", run_name="direct", seed=5, num_ranks=1, overlap=overlap,
+                                           iterations=3))
+    assert torch.get_num_threads() == threads  # the caller's setting is restored
     assert direct.policy_sha256 == flow["policy_sha256"]
     assert direct.evaluation["final_return"] == flow["final_return"]
