@@ -15,6 +15,10 @@ from rl_core.policies.mlp import ActorCritic
 from rl_core.policies.normalizer import Moments, ObservationNormalizer
 
 POLICY_PREFIXES = ("model.", "obs_norm.", "return_norm.")
+TRAINER_THREADS = 1
+"""torch threads of a process that trains a learner (a trainer rank, the in-process loop): ranks share the
+machine's cores, and the tiny MLP gains nothing from more. Kernels for the ranks' hot ops (the PPO loss) are tuned
+at this thread count, since winners are looked up by it; eager autograd's sums depend on it too."""
 
 
 class PPOLearner:

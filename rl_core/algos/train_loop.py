@@ -20,7 +20,7 @@ import torch
 from rl_core.algos.advantages import score_experience
 from rl_core.algos.evaluation import evaluate_learner
 from rl_core.algos.hot_ops import hot_ops, tune_hot_ops
-from rl_core.algos.learner import PPOLearner, policy_sha256
+from rl_core.algos.learner import TRAINER_THREADS, PPOLearner, policy_sha256
 from rl_core.algos.ppo import RolloutBatch, decoupled, ppo_update, summarize_epochs
 from rl_core.algos.rollout import collect_rollout
 from rl_core.config import RunConfig
@@ -42,17 +42,18 @@ class InProcessResult:
 
 
 def train_in_process(
-    cfg: RunConfig, on_iteration: Callable[[int, dict[str, float]], None] | None = None, torch_threads: int = 1
+    cfg: RunConfig, on_iteration: Callable[[int, dict[str, float]], None] | None = None,
+    torch_threads: int = TRAINER_THREADS,
 ) -> InProcessResult:
     """Train ``cfg.iterations`` iterations from the seed and evaluate ``cfg.eval_episodes`` episodes.
 
     With ``cfg.overlap`` the collection of iteration i+1 runs on a thread during iteration i's update, acting
     with a copy of the policy from before that update: the flow's schedule and math (`acting_version`).
 
-    ``torch_threads``: torch's threads for the run; the caller's setting is restored after. The flow's trainer
-    ranks and env workers run one each, and eager autograd's float sums depend on the count, so the default is
-    what gives the flow's weights. It is also the faster setting here: HalfCheetah ran 14.1k steps/s at one thread
-    and 13.2k at two (a 64-unit MLP's ops are too small to split).
+    ``torch_threads``: torch's threads for the run; the caller's setting is restored after. The default is the
+    flow's trainer ranks' count (its env workers run one thread too), and eager autograd's float sums depend on
+    the count, so it is what gives the flow's weights. It is also the faster setting here: HalfCheetah ran 14.1k
+    steps/s at one thread and 13.2k at two (a 64-unit MLP's ops are too small to split).
     """
     previous = torch.get_num_threads()
     torch.set_num_threads(torch_threads)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Container, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -233,3 +234,82 @@ def encode_chunk(
     if codec == "rows":
         fields["row_bytes"] = row
     return fields, payload
+
+
+@dataclass(frozen=True)
+class BaseTensor:
+    """A tensor the next delta is encoded against: its version, its entry there (all chunks "full") and its
+    raw bytes (a private, read-only flat uint8 copy)."""
+
+    version: int
+    entry: TensorEntry
+    raw: np.ndarray
+
+
+def encode_version(
+    arrays: dict[str, np.ndarray],
+    logical: dict[str, str],
+    refs: dict[str, BaseTensor],
+    parent_probes: dict[tuple[str, int], np.ndarray],
+    chunk_bytes: int,
+    known: Container[str],
+    run_jobs: Callable[[Callable[..., Any], list[Any], int], list[Any]],
+) -> tuple[dict[str, TensorEntry], dict[str, bytes], dict[tuple[str, int], np.ndarray], float | None]:
+    """Encode every chunk of every tensor against ``refs`` (empty for a base); ``run_jobs(fn, items, nbytes)``
+    runs the chunk jobs (the store's worker threads). Returns the entries, the payloads to upload (objects not in
+    ``known``), this state's probes (by tensor and chunk offset) and, for a delta, the estimated cost of a delta
+    against the parent, whose probes are ``parent_probes``, relative to the one against the base (None when
+    unknown: no parent probes, or no changed dense chunk)."""
+    jobs: list[tuple[Any, ...]] = []
+    layout: dict[str, list[int]] = {}
+    for name, arr in arrays.items():
+        raw = raw_view(arr)
+        row = tensor_row_bytes(arr.dtype, arr.shape)
+        ref = refs.get(name)
+        if ref is not None and (ref.entry.dtype, ref.entry.shape) != (arr.dtype.str, list(arr.shape)):
+            ref = None
+        if ref is not None:
+            spans = [(c.offset, c.nbytes) for c in ref.entry.chunks]
+        else:
+            spans = chunk_spans(arr.nbytes, arr.itemsize, row, chunk_bytes)
+        layout[name] = []
+        for i, (off, n) in enumerate(spans):
+            r = None if ref is None else ref.entry.chunks[i]
+            rr = None if ref is None else ref.raw[off : off + n]
+            row_ok = row if row is not None and off % row == 0 and n % row == 0 else None
+            layout[name].append(len(jobs))
+            jobs.append((
+                raw[off : off + n], arr.itemsize, row_ok, r, rr, None if ref is None else ref.version, off,
+                parent_probes.get((name, off)),
+            ))
+
+    def run(raw, itemsize, row, r, rr, ref_version, off, parent_probe):
+        fields, payload = encode_chunk(raw, itemsize, row, r, rr, ref_version)
+        now = probe(raw, itemsize)
+        costs = None
+        if rr is not None and parent_probe is not None and now is not None and fields["codec"] in _DENSE_CODECS:
+            costs = (delta_cost(now, probe(rr, itemsize), itemsize), delta_cost(now, parent_probe, itemsize))
+        return off, int(raw.size), fields, payload, now, costs
+
+    results = run_jobs(run, jobs, sum(job[0].size for job in jobs))
+    entries: dict[str, TensorEntry] = {}
+    payloads: dict[str, bytes] = {}
+    probes: dict[tuple[str, int], np.ndarray] = {}
+    vs_base = vs_parent = 0
+    for name, arr in arrays.items():
+        chunks = []
+        for j in layout[name]:
+            off, n, fields, payload, now, costs = results[j]
+            uploaded = payload is not None and fields["chunk"] not in known
+            if uploaded:
+                payloads[fields["chunk"]] = payload
+            chunks.append(ChunkEntry(offset=off, nbytes=n, uploaded=uploaded, **fields))
+            if now is not None:
+                probes[(name, off)] = now
+            if costs is not None:
+                vs_base, vs_parent = vs_base + costs[0], vs_parent + costs[1]
+        entries[name] = TensorEntry(
+            dtype=arr.dtype.str, shape=list(arr.shape), nbytes=arr.nbytes, logical_dtype=logical.get(name),
+            chunks=chunks,
+        )
+    return entries, payloads, probes, (vs_parent / vs_base if vs_base else None)

@@ -63,17 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from .chunks import (
-    chunk_spans,
-    delta_cost,
-    encode_chunk,
-    normalize_meta,
-    prepare_tensors,
-    probe,
-    raw_view,
-    tensor_row_bytes,
-    to_array,
-)
+from .chunks import BaseTensor, encode_version, normalize_meta, prepare_tensors, raw_view, to_array
 from .errors import (
     CheckpointError,
     ChunkCorruptError,
@@ -86,7 +76,7 @@ from .errors import (
     VersionNotFoundError,
 )
 from .gc import collect_garbage
-from .manifest import ChunkEntry, Manifest, TensorEntry
+from .manifest import Manifest
 from .objects import StoreObjects, redact
 from .restore import VersionReader
 
@@ -137,20 +127,6 @@ class Snapshot:
             logical = self.logical_dtypes.get(name)
             out[name] = t.view(getattr(torch, logical)) if logical else t
         return out
-
-
-@dataclass(frozen=True)
-class _Ref:
-    """A tensor the next delta is encoded against: its version, its entry there (all chunks "full") and its
-    raw bytes (a private, read-only flat uint8 copy)."""
-
-    version: int
-    entry: TensorEntry
-    raw: np.ndarray
-
-
-#: codecs of chunks that changed everywhere: the ones a new base could make cheaper
-_DENSE = ("full", "diff", "xor")
 
 
 @dataclass(frozen=True)
@@ -207,7 +183,7 @@ class CheckpointStore:
         self._pool: ThreadPoolExecutor | None = None
         self._reader = VersionReader(self._objects, self._url, self._map)
         # writer state: the tensors deltas are encoded against, and the version the next commit builds on
-        self._refs: dict[str, _Ref] | None = None
+        self._refs: dict[str, BaseTensor] | None = None
         self._base: Manifest | None = None
         self._head: Manifest | None = None
         self._pending_base: int | None = None
@@ -261,7 +237,9 @@ class CheckpointStore:
             is_base = refs is None or head is None or self._rebase_due(head)
             depth = 0 if is_base else head.depth + 1
             use_refs = {} if is_base else refs
-            entries, payloads, probes, fresh_ratio = self._encode_all(arrays, logical, use_refs, head)
+            parent_probes = self._probes.by_chunk if head is not None and self._probes.version == head.version else {}
+            entries, payloads, probes, fresh_ratio = encode_version(
+                arrays, logical, use_refs, parent_probes, self._chunk_bytes, self._known, self._map)
             version = self._storage_call("list versions", self._next_version)
             manifest = Manifest(
                 version=version,
@@ -284,12 +262,12 @@ class CheckpointStore:
             if is_base:
                 self._base = manifest
                 self._refs = {
-                    name: _Ref(version, entry, self._private_copy(arrays[name])) for name, entry in entries.items()
+                    name: BaseTensor(version, entry, self._private_copy(arrays[name])) for name, entry in entries.items()
                 }
             else:
                 for name, entry in entries.items():  # tensors new since the base: later deltas refer to this version
                     if name not in refs and all(c.codec == "full" for c in entry.chunks):
-                        self._refs[name] = _Ref(version, entry, self._private_copy(arrays[name]))
+                        self._refs[name] = BaseTensor(version, entry, self._private_copy(arrays[name]))
             return version
 
     def load(self, version: int | None = None) -> Snapshot:
@@ -305,7 +283,7 @@ class CheckpointStore:
             self._head = manifest
             if manifest.base is None:
                 self._base = manifest
-                self._refs = {name: _Ref(manifest.version, e, raws[name]) for name, e in manifest.tensors.items()}
+                self._refs = {name: BaseTensor(manifest.version, e, raws[name]) for name, e in manifest.tensors.items()}
                 self._pending_base = None
             elif self._base is None or self._base.version != manifest.base:
                 self._refs, self._base, self._pending_base = None, None, manifest.base
@@ -479,70 +457,9 @@ class CheckpointStore:
             self._head, self._pending_base, self._known = None, None, {}
             return
         self._base, self._pending_base = base, None
-        self._refs = {name: _Ref(base.version, e, raws[name]) for name, e in base.tensors.items()}
+        self._refs = {name: BaseTensor(base.version, e, raws[name]) for name, e in base.tensors.items()}
         for sha in base.objects():
             self._known.setdefault(sha, base.version)
-
-    def _encode_all(
-        self, arrays: dict[str, np.ndarray], logical: dict[str, str], refs: dict[str, _Ref], head: Manifest | None
-    ) -> tuple[dict[str, TensorEntry], dict[str, bytes], dict[tuple[str, int], np.ndarray], float | None]:
-        """Encode every chunk of every tensor (on the worker threads). Also returns this state's probes and,
-        for a delta, the estimated cost of a delta against ``head`` relative to the one against the base
-        (None when unknown: no probes of ``head`` in memory, or no changed dense chunk)."""
-        parent = self._probes.by_chunk if head is not None and self._probes.version == head.version else {}
-        jobs: list[tuple[Any, ...]] = []
-        layout: dict[str, list[int]] = {}
-        for name, arr in arrays.items():
-            raw = raw_view(arr)
-            row = tensor_row_bytes(arr.dtype, arr.shape)
-            ref = refs.get(name)
-            if ref is not None and (ref.entry.dtype, ref.entry.shape) != (arr.dtype.str, list(arr.shape)):
-                ref = None
-            if ref is not None:
-                spans = [(c.offset, c.nbytes) for c in ref.entry.chunks]
-            else:
-                spans = chunk_spans(arr.nbytes, arr.itemsize, row, self._chunk_bytes)
-            layout[name] = []
-            for i, (off, n) in enumerate(spans):
-                r = None if ref is None else ref.entry.chunks[i]
-                rr = None if ref is None else ref.raw[off : off + n]
-                row_ok = row if row is not None and off % row == 0 and n % row == 0 else None
-                layout[name].append(len(jobs))
-                jobs.append((
-                    raw[off : off + n], arr.itemsize, row_ok, r, rr, None if ref is None else ref.version, off,
-                    parent.get((name, off)),
-                ))
-
-        def run(raw, itemsize, row, r, rr, ref_version, off, parent_probe):
-            fields, payload = encode_chunk(raw, itemsize, row, r, rr, ref_version)
-            now = probe(raw, itemsize)
-            costs = None
-            if rr is not None and parent_probe is not None and now is not None and fields["codec"] in _DENSE:
-                costs = (delta_cost(now, probe(rr, itemsize), itemsize), delta_cost(now, parent_probe, itemsize))
-            return off, int(raw.size), fields, payload, now, costs
-
-        results = self._map(run, jobs, sum(job[0].size for job in jobs))
-        entries: dict[str, TensorEntry] = {}
-        payloads: dict[str, bytes] = {}
-        probes: dict[tuple[str, int], np.ndarray] = {}
-        vs_base = vs_parent = 0
-        for name, arr in arrays.items():
-            chunks = []
-            for j in layout[name]:
-                off, n, fields, payload, now, costs = results[j]
-                uploaded = payload is not None and fields["chunk"] not in self._known
-                if uploaded:
-                    payloads[fields["chunk"]] = payload
-                chunks.append(ChunkEntry(offset=off, nbytes=n, uploaded=uploaded, **fields))
-                if now is not None:
-                    probes[(name, off)] = now
-                if costs is not None:
-                    vs_base, vs_parent = vs_base + costs[0], vs_parent + costs[1]
-            entries[name] = TensorEntry(
-                dtype=arr.dtype.str, shape=list(arr.shape), nbytes=arr.nbytes, logical_dtype=logical.get(name),
-                chunks=chunks,
-            )
-        return entries, payloads, probes, (vs_parent / vs_base if vs_base else None)
 
     def _write_chunks(self, payloads: dict[str, bytes]) -> None:
         """Upload every object (always: an existing object of the same name may be an orphan that gc is

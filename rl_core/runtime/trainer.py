@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rl_core.algos.learner import PPOLearner
+from rl_core.algos.learner import TRAINER_THREADS, PPOLearner
 from rl_core.algos.ppo import RolloutBatch, decoupled, ppo_update, summarize_epochs
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config import RunConfig
@@ -27,10 +27,6 @@ from rl_core.policies.normalizer import Moments
 from rl_core.runtime.faults import maybe_fail
 from rl_core.seeding import derive_seed
 
-
-TRAINER_THREADS = 1
-"""torch threads per rank: ranks share the machine's cores, and the tiny MLP gains nothing from more. Kernels
-for the ranks' hot ops (the PPO loss) are tuned at this thread count, since winners are looked up by it."""
 
 
 class TrainerRank:
