@@ -204,7 +204,8 @@ def pool_startup(sizes: list[int], max_actors: int) -> dict[str, float | str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="0.5 s per figure, one round, 64 envs only, pool up to 8 actors")
+    parser.add_argument("--quick", action="store_true",
+                        help="0.5 s per figure, one round, 64 envs only, pool up to 8 actors")
     parser.add_argument("--seconds", type=float, default=2.0, help="measuring time per throughput figure")
     parser.add_argument("--max-actors", type=int, default=128, help="largest pool size to start (~0.25 GB each)")
     parser.add_argument("--async-envs", type=int, help="AsyncVectorEnv processes (default: 4 per core, <= 64)")

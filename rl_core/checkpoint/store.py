@@ -261,9 +261,8 @@ class CheckpointStore:
                 self._known.setdefault(sha, version)
             if is_base:
                 self._base = manifest
-                self._refs = {
-                    name: BaseTensor(version, entry, self._private_copy(arrays[name])) for name, entry in entries.items()
-                }
+                self._refs = {name: BaseTensor(version, entry, self._private_copy(arrays[name]))
+                              for name, entry in entries.items()}
             else:
                 for name, entry in entries.items():  # tensors new since the base: later deltas refer to this version
                     if name not in refs and all(c.codec == "full" for c in entry.chunks):
@@ -464,7 +463,8 @@ class CheckpointStore:
     def _write_chunks(self, payloads: dict[str, bytes]) -> None:
         """Upload every object (always: an existing object of the same name may be an orphan that gc is
         about to delete; uploading refreshes it, see the module docstring)."""
-        self._map(lambda sha, data: self._objects.put_whole(self._objects.chunk_path(sha), data), list(payloads.items()),
+        put = self._objects.put_whole
+        self._map(lambda sha, data: put(self._objects.chunk_path(sha), data), list(payloads.items()),
                   sum(len(data) for data in payloads.values()))
 
     def _next_version(self) -> int:

@@ -28,7 +28,6 @@ from rl_core.runtime.faults import maybe_fail
 from rl_core.seeding import derive_seed
 
 
-
 class TrainerRank:
     """Rank `rank` of `world_size`; `connect` joins the process group once, `train` runs per iteration."""
 
