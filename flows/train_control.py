@@ -87,6 +87,7 @@ def train_control(
         version = checkpoint_init(cfg, run.incarnation)["version"]
         progress.start(version, cfg.iterations)
         recent_returns: list[float] = []
+        loop_started = time.perf_counter()
         collecting = None  # with overlap: the next iteration's simulate, running while this one trains
         for iteration in range(version, cfg.iterations):
             sim = collecting.result() if collecting else simulate(cfg, run.incarnation, iteration, version)
@@ -104,6 +105,7 @@ def train_control(
             logger.info("iteration %d: version %d, %d env steps, mean return %.1f, kl %.4f, %d bytes stored",
                         iteration + 1, version, sim["env_steps"], mean_return, trained[0]["approx_kl"],
                         committed["encoded_bytes"])
+        loop_s = time.perf_counter() - loop_started
         result = evaluate(cfg, run.incarnation, version)
     finally:
         release(cfg)
@@ -113,6 +115,7 @@ def train_control(
         "env_steps": storage["env_steps"],
         "iterations": cfg.iterations,
         "wall_s": round(time.perf_counter() - started, 2),
+        "loop_s": round(loop_s, 2),
         "run_dir": cfg.run_url,
         "checkpoints": storage,
         "kernels": tuning,
@@ -225,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def summary_line(summary: dict) -> dict:
     """The machine-readable last line: the figures a script or CI checks."""
-    keys = ("final_return", "random_return", "env_steps", "wall_s", "command_s", "run_dir", "policy_sha256",
-            "iterations")
+    keys = ("final_return", "random_return", "env_steps", "wall_s", "loop_s", "command_s", "run_dir",
+            "policy_sha256", "iterations")
     line = {k: summary[k] for k in keys}
     line["checkpoint_bytes"] = summary["checkpoints"]["stored_bytes"]
     return line

@@ -36,8 +36,9 @@ class InProcessResult:
     evaluation: dict[str, float]
     policy_sha256: str
     env_steps: int
-    train_s: float  # collection + updates
+    train_s: float  # collection + updates, with the envs' creation and the kernels' tuning before them
     wall_s: float  # train_s + the final evaluation
+    loop_s: float  # the iterations alone: first collection to last update
     iterations: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -96,6 +97,7 @@ def _train(cfg: RunConfig, on_iteration: Callable[[int, dict[str, float]], None]
     with ThreadPoolExecutor(1, thread_name_prefix="collect") as collector, \
             ThreadPoolExecutor(len(envs), thread_name_prefix="env-worker") as workers:
         collecting: Future | None = None
+        loop_started = time.perf_counter()
         for iteration in range(cfg.iterations):
             parts, finished, reward_scale = collecting.result() if collecting else collect(iteration, learner)
             scored = score_experience(parts, reward_scale, cfg.ppo.gamma, cfg.ppo.gae_lambda)
@@ -109,10 +111,11 @@ def _train(cfg: RunConfig, on_iteration: Callable[[int, dict[str, float]], None]
             history.append(metrics)
             if on_iteration is not None:
                 on_iteration(iteration, metrics)
+        loop_s = time.perf_counter() - loop_started
     train_s = time.perf_counter() - start
     evaluation = evaluate_learner(cfg, learner, cfg.eval_episodes)
     return InProcessResult(evaluation, policy_sha256(learner.state()), cfg.iterations * cfg.batch_size, train_s,
-                           time.perf_counter() - start, history)
+                           time.perf_counter() - start, loop_s, history)
 
 
 def _update(cfg: RunConfig, learner: PPOLearner, scored: dict[str, np.ndarray], iteration: int) -> list[dict]:
