@@ -62,7 +62,6 @@ def terminated(state: BatchState) -> np.ndarray:
     return ~is_healthy(state)
 
 
-
 ANT_V5 = Task(
     name="Ant-v5",
     model_path=str(Path(__file__).parent / "assets" / "ant.xml"),

@@ -35,7 +35,6 @@ def terminated(state: BatchState) -> np.ndarray:
     return np.zeros(state.qpos.shape[0], dtype=bool)
 
 
-
 HALF_CHEETAH_V5 = Task(
     name="HalfCheetah-v5",
     model_path=str(Path(__file__).parent / "assets" / "half_cheetah.xml"),

@@ -52,7 +52,6 @@ def terminated(state: BatchState) -> np.ndarray:
     return ~is_healthy(state)
 
 
-
 HOPPER_V5 = Task(
     name="Hopper-v5",
     model_path=str(Path(__file__).parent / "assets" / "hopper.xml"),

@@ -74,7 +74,6 @@ def terminated(state: BatchState) -> np.ndarray:
     return ~is_healthy(state)
 
 
-
 HUMANOID_V5 = Task(
     name="Humanoid-v5",
     model_path=str(Path(__file__).parent / "assets" / "humanoid.xml"),

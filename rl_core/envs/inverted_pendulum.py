@@ -33,7 +33,6 @@ def reward(state: BatchState, action: np.ndarray, x_before: np.ndarray, dt: floa
     return (~terminated(state)).astype(np.float64)
 
 
-
 INVERTED_PENDULUM_V5 = Task(
     name="InvertedPendulum-v5",
     model_path=str(Path(__file__).parent / "assets" / "inverted_pendulum.xml"),

@@ -35,7 +35,6 @@ def terminated(state: BatchState) -> np.ndarray:
     return np.zeros(state.qpos.shape[0], dtype=bool)
 
 
-
 SWIMMER_V5 = Task(
     name="Swimmer-v5",
     model_path=str(Path(__file__).parent / "assets" / "swimmer.xml"),

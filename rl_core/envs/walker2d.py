@@ -49,7 +49,6 @@ def terminated(state: BatchState) -> np.ndarray:
     return ~is_healthy(state)
 
 
-
 WALKER2D_V5 = Task(
     name="Walker2d-v5",
     model_path=str(Path(__file__).parent / "assets" / "walker2d_v5.xml"),

@@ -70,7 +70,6 @@ def commit_iteration(cfg: RunConfig, iteration: int, version: int, staged: str, 
     return summary
 
 
-
 def storage_report(cfg: RunConfig) -> dict:
     """What the run's checkpoints cost: per-version encoded sizes against raw and `torch.save` sizes."""
     store = _store(cfg)

@@ -22,7 +22,6 @@ from tests.checkpoint.store_helpers import (
 )
 
 
-
 def test_round_trip_is_byte_exact_for_many_dtypes_and_shapes(url: str) -> None:
     rng = np.random.default_rng(0)
     tensors = {

@@ -22,7 +22,6 @@ from tests.checkpoint.store_helpers import (
 )
 
 
-
 def _three_versions(url: str) -> tuple[CheckpointStore, list[dict[str, np.ndarray]]]:
     rng = np.random.default_rng(7)
     store = CheckpointStore(url)

@@ -13,7 +13,6 @@ from rl_core.checkpoint import CheckpointStore, VersionConflictError
 from tests.checkpoint.store_helpers import all_files, assert_same_tensors, chunk_files, fs_root
 
 
-
 def test_two_stores_racing_for_the_same_version_exactly_one_wins(url: str, monkeypatch) -> None:
     CheckpointStore(url).commit({"x": np.zeros(100)}, {})
     winner, loser = CheckpointStore(url), CheckpointStore(url)

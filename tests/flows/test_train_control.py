@@ -82,7 +82,6 @@ def test_same_name_with_other_settings_is_refused(tmp_path) -> None:
         _run(tmp_path, run_name="c", seed=2, iterations=1)
 
 
-
 def test_a_run_continues_on_another_number_of_env_workers(tmp_path, monkeypatch) -> None:
     """Its 8 envs trained on 2 workers, a run continues on 1 worker holding all 8 (restored from the checkpoint in
     global env order) and computes what the never re-split run computes (the in-process loop, whose weights the flow
