@@ -18,7 +18,8 @@ def print_summary(console: Console, summary: dict) -> None:
     table.add_row("random policy return", f"{summary['random_return']:.1f}")
     table.add_row("iterations / env steps", f"{summary['iterations']} / {summary['env_steps']:,}")
     table.add_row("wall time (flow run)", f"{summary['wall_s']:.1f} s")
-    table.add_row("wall time (this run's iterations)", f"{summary['loop_s']:.1f} s")
+    table.add_row("wall time (this run's iterations; the first of them)",
+                  f"{summary['loop_s']:.1f} s; {summary['first_iteration_s']:.1f} s")
     if "command_s" in summary:
         table.add_row("wall time (command: Prefect API, Ray and flow)", f"{summary['command_s']:.1f} s")
     table.add_row("checkpoint versions", f"{ck['versions']} (latest v{ck.get('latest_version', '-')})")

@@ -88,6 +88,7 @@ def train_control(
         progress.start(version, cfg.iterations)
         recent_returns: list[float] = []
         loop_started = time.perf_counter()
+        first_iteration_s = 0.0  # the actors' first collection and update include their warm-up
         collecting = None  # with overlap: the next iteration's simulate, running while this one trains
         for iteration in range(version, cfg.iterations):
             sim = collecting.result() if collecting else simulate(cfg, run.incarnation, iteration, version)
@@ -105,6 +106,7 @@ def train_control(
             logger.info("iteration %d: version %d, %d env steps, mean return %.1f, kl %.4f, %d bytes stored",
                         iteration + 1, version, sim["env_steps"], mean_return, trained[0]["approx_kl"],
                         committed["encoded_bytes"])
+            first_iteration_s = first_iteration_s or time.perf_counter() - loop_started
         loop_s = time.perf_counter() - loop_started
         result = evaluate(cfg, run.incarnation, version)
     finally:
@@ -116,6 +118,7 @@ def train_control(
         "iterations": cfg.iterations,
         "wall_s": round(time.perf_counter() - started, 2),
         "loop_s": round(loop_s, 2),
+        "first_iteration_s": round(first_iteration_s, 2),
         "run_dir": cfg.run_url,
         "checkpoints": storage,
         "kernels": tuning,
@@ -228,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def summary_line(summary: dict) -> dict:
     """The machine-readable last line: the figures a script or CI checks."""
-    keys = ("final_return", "random_return", "env_steps", "wall_s", "loop_s", "command_s", "run_dir",
-            "policy_sha256", "iterations")
+    keys = ("final_return", "random_return", "env_steps", "wall_s", "loop_s", "first_iteration_s", "command_s",
+            "run_dir", "policy_sha256", "iterations")
     line = {k: summary[k] for k in keys}
     line["checkpoint_bytes"] = summary["checkpoints"]["stored_bytes"]
     return line

@@ -39,6 +39,7 @@ class InProcessResult:
     train_s: float  # collection + updates, with the envs' creation and the kernels' tuning before them
     wall_s: float  # train_s + the final evaluation
     loop_s: float  # the iterations alone: first collection to last update
+    first_iteration_s: float  # the first of them, which pays one-off costs (the optimizer's creation)
     iterations: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -98,6 +99,7 @@ def _train(cfg: RunConfig, on_iteration: Callable[[int, dict[str, float]], None]
             ThreadPoolExecutor(len(envs), thread_name_prefix="env-worker") as workers:
         collecting: Future | None = None
         loop_started = time.perf_counter()
+        first_iteration_s = 0.0
         for iteration in range(cfg.iterations):
             parts, finished, reward_scale = collecting.result() if collecting else collect(iteration, learner)
             scored = score_experience(parts, reward_scale, cfg.ppo.gamma, cfg.ppo.gae_lambda)
@@ -111,11 +113,13 @@ def _train(cfg: RunConfig, on_iteration: Callable[[int, dict[str, float]], None]
             history.append(metrics)
             if on_iteration is not None:
                 on_iteration(iteration, metrics)
+            first_iteration_s = first_iteration_s or time.perf_counter() - loop_started
         loop_s = time.perf_counter() - loop_started
     train_s = time.perf_counter() - start
     evaluation = evaluate_learner(cfg, learner, cfg.eval_episodes)
     return InProcessResult(evaluation, policy_sha256(learner.state()), cfg.iterations * cfg.batch_size, train_s,
-                           time.perf_counter() - start, loop_s, history)
+                           time.perf_counter() - start, loop_s, first_iteration_s,
+                           history)
 
 
 def _update(cfg: RunConfig, learner: PPOLearner, scored: dict[str, np.ndarray], iteration: int) -> list[dict]:

@@ -25,4 +25,4 @@ def test_two_workers_of_four_envs_train_what_one_worker_of_eight_does(monkeypatc
                                           num_workers=workers, envs_per_worker=8 // workers, eval_episodes=1))
             for workers in (2, 1)]
     assert runs[0].policy_sha256 == runs[1].policy_sha256
-    assert all(0 < r.loop_s < r.train_s < r.wall_s for r in runs)  # the iterations, inside training, inside the run
+    assert all(0 < r.first_iteration_s < r.loop_s < r.train_s < r.wall_s for r in runs)  # each inside the next
