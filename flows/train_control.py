@@ -36,6 +36,7 @@ from flows.store_credentials import export_store_credentials
 from rl_core.config import PRESETS, ConfigError, RunConfig, build_config
 from rl_core.data.run_info import open_run
 from rl_core.envs import DynamicsRandomization
+from rl_core.iteration_clock import IterationClock
 from rl_core.runtime.versions import storage_report
 from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init
 from tasks.evaluate import evaluate
@@ -87,8 +88,7 @@ def train_control(
         version = checkpoint_init(cfg, run.incarnation)["version"]
         progress.start(version, cfg.iterations)
         recent_returns: list[float] = []
-        loop_started = time.perf_counter()
-        first_iteration_s = 0.0  # the actors' first collection and update include their warm-up
+        clock = IterationClock()
         collecting = None  # with overlap: the next iteration's simulate, running while this one trains
         for iteration in range(version, cfg.iterations):
             sim = collecting.result() if collecting else simulate(cfg, run.incarnation, iteration, version)
@@ -106,8 +106,7 @@ def train_control(
             logger.info("iteration %d: version %d, %d env steps, mean return %.1f, kl %.4f, %d bytes stored",
                         iteration + 1, version, sim["env_steps"], mean_return, trained[0]["approx_kl"],
                         committed["encoded_bytes"])
-            first_iteration_s = first_iteration_s or time.perf_counter() - loop_started
-        loop_s = time.perf_counter() - loop_started
+            clock.lap()
         result = evaluate(cfg, run.incarnation, version)
     finally:
         release(cfg)
@@ -117,8 +116,8 @@ def train_control(
         "env_steps": storage["env_steps"],
         "iterations": cfg.iterations,
         "wall_s": round(time.perf_counter() - started, 2),
-        "loop_s": round(loop_s, 2),
-        "first_iteration_s": round(first_iteration_s, 2),
+        "loop_s": round(clock.total_s, 2),
+        "first_iteration_s": round(clock.first_s, 2),
         "run_dir": cfg.run_url,
         "checkpoints": storage,
         "kernels": tuning,

@@ -25,6 +25,7 @@ from rl_core.algos.ppo import RolloutBatch, decoupled, ppo_update, summarize_epo
 from rl_core.algos.rollout import collect_rollout
 from rl_core.config import RunConfig
 from rl_core.envs import make_batch
+from rl_core.iteration_clock import IterationClock
 from rl_core.policies.normalizer import Moments
 from rl_core.seeding import action_noise, derive_seed
 
@@ -39,7 +40,7 @@ class InProcessResult:
     train_s: float  # collection + updates, with the envs' creation and the kernels' tuning before them
     wall_s: float  # train_s + the final evaluation
     loop_s: float  # the iterations alone: first collection to last update
-    first_iteration_s: float  # the first of them, which pays one-off costs (the optimizer's creation)
+    first_iteration_s: float  # the first of them, which pays one-off costs (see IterationClock)
     iterations: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -98,8 +99,7 @@ def _train(cfg: RunConfig, on_iteration: Callable[[int, dict[str, float]], None]
     with ThreadPoolExecutor(1, thread_name_prefix="collect") as collector, \
             ThreadPoolExecutor(len(envs), thread_name_prefix="env-worker") as workers:
         collecting: Future | None = None
-        loop_started = time.perf_counter()
-        first_iteration_s = 0.0
+        clock = IterationClock()
         for iteration in range(cfg.iterations):
             parts, finished, reward_scale = collecting.result() if collecting else collect(iteration, learner)
             scored = score_experience(parts, reward_scale, cfg.ppo.gamma, cfg.ppo.gae_lambda)
@@ -113,13 +113,11 @@ def _train(cfg: RunConfig, on_iteration: Callable[[int, dict[str, float]], None]
             history.append(metrics)
             if on_iteration is not None:
                 on_iteration(iteration, metrics)
-            first_iteration_s = first_iteration_s or time.perf_counter() - loop_started
-        loop_s = time.perf_counter() - loop_started
+            clock.lap()
     train_s = time.perf_counter() - start
     evaluation = evaluate_learner(cfg, learner, cfg.eval_episodes)
     return InProcessResult(evaluation, policy_sha256(learner.state()), cfg.iterations * cfg.batch_size, train_s,
-                           time.perf_counter() - start, loop_s, first_iteration_s,
-                           history)
+                           time.perf_counter() - start, clock.total_s, clock.first_s, history)
 
 
 def _update(cfg: RunConfig, learner: PPOLearner, scored: dict[str, np.ndarray], iteration: int) -> list[dict]:

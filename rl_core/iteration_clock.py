@@ -1,0 +1,22 @@
+"""The wall time of a run's iterations, with the first one apart.
+
+The first iteration pays one-off costs: the actors' first collection and update, and a fresh process's optimizer
+(creating one imports `torch._dynamo`, ~2 s here). Benchmarks count it as start-up and compare the iterations after it.
+"""
+from __future__ import annotations
+
+import time
+
+
+class IterationClock:
+    """Created just before the first iteration; `lap()` at the end of each."""
+
+    def __init__(self) -> None:
+        self._started = time.perf_counter()
+        self.first_s = 0.0  # the first iteration
+        self.total_s = 0.0  # from the first iteration's start to the last one's end
+
+    def lap(self) -> None:
+        """Mark the end of an iteration."""
+        self.total_s = time.perf_counter() - self._started
+        self.first_s = self.first_s or self.total_s
