@@ -1,6 +1,6 @@
 """The tuner: per shape bucket, verify every candidate, time the survivors, and cache the winner.
 
-Usage: python -m kernels.autotune --ops gae,ppo_loss --report   (see kernels/cli.py for every option)
+Usage: python -m kernels --ops gae,ppo_loss --report   (see kernels/cli.py for every option)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from kernels.cache import cache_key, read_entries, winners_path, write_entry
-from kernels.generators import CandidateGenerator, evaluate_proposals
+from kernels.proposers import CandidateProposer, evaluate_proposals
 from kernels.registry import COMPILE, REFERENCE, Kernel, Op, describe, get_op, per_process_setup
 from kernels.report import BucketReport, CandidateResult, TuneReport
 from kernels.timing import Timing, pick_winner, time_kernels
@@ -124,14 +124,14 @@ def autotune(
     op: str, shapes: list[dict] | None = None, *, force: bool = False, seeds: int = MIN_SEEDS,
     min_run_time: float = DEFAULT_MIN_RUN_TIME, num_threads: int | None = None,
     opt_in: frozenset[str] | None = None, calls_per_run: int | None = None,
-    generator: CandidateGenerator | None = None,
+    proposer: CandidateProposer | None = None,
 ) -> TuneReport:
     """Tune `op` for the bucket of each shape (default: the op's `default_shapes`): a cached winner is returned as
     is unless `force`, or unless it was tuned without a candidate eligible now (e.g. compile was opted in since);
     otherwise the bucket is tuned at that shape and the winner stored. Shapes in one bucket are tuned once.
 
     `num_threads` defaults to torch's current setting, which is also what `dispatch` looks winners up by.
-    `generator` adds proposals checked in a subprocess: reported and saved for review, never dispatched.
+    `proposer` adds proposals checked in a subprocess: reported and saved for review, never dispatched.
     """
     spec = get_op(op)
     threads = num_threads or torch.get_num_threads()
@@ -150,9 +150,9 @@ def autotune(
         if bucket is None:
             bucket = tune_bucket(spec, shape, seeds=seeds, min_run_time=min_run_time, num_threads=threads,
                                  opt_in=opt_in, calls_per_run=calls_per_run)
-        if generator is not None:
-            bucket.proposals = evaluate_proposals(spec, shape, generator, seeds=seeds, min_run_time=min_run_time)
-        if not bucket.cache_hit or generator is not None:
+        if proposer is not None:
+            bucket.proposals = evaluate_proposals(spec, shape, proposer, seeds=seeds, min_run_time=min_run_time)
+        if not bucket.cache_hit or proposer is not None:
             write_entry(path, key, bucket.to_entry())
         report.buckets.append(bucket)
     if not report.buckets:
@@ -176,6 +176,9 @@ def _cached_report(op: Op, entry: dict | None, wanted: set[str]) -> BucketReport
 
 
 if __name__ == "__main__":
+    # Kept for old scripts; use `python -m kernels`. Run this way, runpy warns (harmlessly) that the package had
+    # already imported this module; that warning is not filtered, since a filter would have to be installed by every
+    # `import kernels`.
     from kernels.cli import main  # noqa: PLC0415 - the package's copy of this module, not this __main__ duplicate
 
     sys.exit(main())

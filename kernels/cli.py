@@ -1,7 +1,7 @@
-"""Command line of the tuner: `python -m kernels.autotune` (or `python -m kernels`).
+"""Command line of the tuner: `python -m kernels`.
 
-    python -m kernels.autotune --ops gae,ppo_loss --report
-    python -m kernels.autotune --ops gae --shapes 256x64 1024x64 --compile --json report.json
+    python -m kernels --ops gae,ppo_loss --report
+    python -m kernels --ops gae --shapes 256x64 1024x64 --compile --json report.json
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from kernels.autotune import DEFAULT_MIN_RUN_TIME, autotune, default_opt_in
 from kernels.cache import winners_path
-from kernels.generators import generator_from_env
+from kernels.proposers import RenamedVariable, proposer_from_env
 from kernels.registry import COMPILE, get_op, registered_ops
 from kernels.report import TuneReport, summary
 from kernels.verify import MIN_SEEDS
@@ -26,7 +26,7 @@ PLACEMENT = {"device": "cpu", "dtype": "float32"}
 
 def main(argv: list[str] | None = None) -> int:
     """Tune the given ops (at the given shapes, else each op's default shapes); print winners or the full report."""
-    parser = argparse.ArgumentParser(prog="python -m kernels.autotune", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--ops", nargs="+", required=True,
                         help=f"ops to tune, space- or comma-separated; registered: {','.join(registered_ops())}")
     parser.add_argument("--shapes", nargs="+", help="shapes like 256x64 in the op's dims (default: the op's own)")
@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="re-tune buckets that already have a cached winner")
     parser.add_argument("--compile", action="store_true",
                         help="also try torch.compile candidates (a cold compile can take minutes per candidate)")
-    parser.add_argument("--generate", action="store_true",
-                        help="also check candidates proposed by GYMFLOW_KERNEL_GENERATOR_URL (in a subprocess)")
+    parser.add_argument("--propose", action="store_true",
+                        help="also check candidates proposed by GYMFLOW_KERNEL_PROPOSER_URL (in a subprocess)")
     parser.add_argument("--calls-per-run", type=int, help="calls a JIT compile is amortised over (default: op's)")
     parser.add_argument("--min-run-time", type=float, default=DEFAULT_MIN_RUN_TIME,
                         help="timing budget in seconds per implementation and bucket")
@@ -48,10 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda: torch {torch.__version__} sees no CUDA device here; tune on a GPU machine")
     opt_in = default_opt_in() | ({COMPILE} if args.compile else set())
-    generator = None
-    if args.generate:
-        generator, message = generator_from_env()
-        if generator is None:
+    proposer = None
+    if args.propose:
+        try:
+            proposer, message = proposer_from_env()
+        except RenamedVariable as exc:
+            parser.error(str(exc))
+        if proposer is None:
             print(message, file=sys.stderr)
     reports = []
     for name in names:
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         placement = {k: v for k, v in {"device": args.device, "dtype": args.dtype}.items() if v != PLACEMENT[k]}
         shapes = [{**shape, **placement} for shape in shapes]
         reports.append(autotune(name, shapes, force=args.force, seeds=args.seeds, min_run_time=args.min_run_time,
-                                opt_in=frozenset(opt_in), calls_per_run=args.calls_per_run, generator=generator))
+                                opt_in=frozenset(opt_in), calls_per_run=args.calls_per_run, proposer=proposer))
     _print(reports, args.report)
     if args.json:
         args.json.write_text(json.dumps(summary(reports), indent=1))

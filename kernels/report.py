@@ -49,7 +49,7 @@ class BucketReport:
     candidates: list[CandidateResult]
     cache_hit: bool = False
     proposals: list[CandidateResult] = field(default_factory=list)
-    """Generated candidates, checked in a subprocess; reported for review, never dispatched."""
+    """Proposed candidates (kernels.proposers), checked in a subprocess; reported for review, never dispatched."""
 
     @classmethod
     def from_entry(cls, entry: dict) -> BucketReport:

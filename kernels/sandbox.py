@@ -1,8 +1,8 @@
-"""Check one generated candidate in this (separate) process and print the result as one JSON line.
+"""Check one proposed candidate in this (separate) process and print the result as one JSON line.
 
     python -m kernels.sandbox OP SHAPE_JSON SOURCE_PATH SEEDS MIN_RUN_TIME
 
-Run by `kernels.generators` under a timeout: the proposal is executed only here, never in the tuner's process. It
+Run by `kernels.proposers` under a timeout: the proposal is executed only here, never in the tuner's process. It
 goes through exactly the tuner's own verify-and-time step (`tune_bucket`), as the op's only candidate.
 """
 
@@ -19,11 +19,11 @@ from kernels.autotune import tune_bucket
 from kernels.registry import get_op
 from kernels.report import CandidateResult
 
-NAME = "generated"
+NAME = "proposed"
 
 
 def main(argv: list[str]) -> int:
-    """Load the proposal, tune it against the reference, print its `CandidateResult` (name "generated")."""
+    """Load the proposal, tune it against the reference, print its `CandidateResult` (name "proposed")."""
     op_name, shape_json, source_path, seeds, min_run_time = argv
     op = get_op(op_name)
     namespace: dict = {"__name__": f"gymflow_proposal_{op_name}"}

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+import kernels
 from kernels import COMPILE, CandidateUnavailable, get_op, registered_ops
 from kernels.verify import build_cases, verify
 
@@ -93,11 +94,14 @@ def test_detached_loss_is_rejected() -> None:
     assert not verdict.ok and "carries no gradient" in verdict.reason
 
 
-def test_ppo_loss_reference_is_bit_identical_to_the_trainers_loss() -> None:
-    """The kernel reference repeats rl_core's arithmetic op for op: routing through dispatch changes no bit."""
+def test_ppo_loss_reference_is_bit_identical_to_the_trainers_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel reference repeats the readable loss of rl_core/algos/ppo.py op for op (nothing tuned: that loss
+    runs itself), so an untuned run and one pinned to references compute the same bits."""
     from rl_core.algos.ppo import RolloutBatch, ppo_loss
     from rl_core.config import PPOConfig
     from rl_core.policies.mlp import ActorCritic
+
+    monkeypatch.setenv("GYMFLOW_KERNELS", "reference")
 
     torch.manual_seed(0)
     model, B = ActorCritic(5, 2), 64
@@ -118,6 +122,32 @@ def test_ppo_loss_reference_is_bit_identical_to_the_trainers_loss() -> None:
         outputs[0].backward()
         found = [outputs[0].detach(), *outputs[1:], *(p.grad.clone() for p in model.parameters())]
         assert all(torch.equal(a, b) for a, b in zip(want, found))
+
+
+@pytest.mark.parametrize("winner", ["fused", "numpy", "cpp"])
+def test_ppo_loss_fast_path_is_the_tuned_kernel_called_by_keyword(winner: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a winner is tuned, rl_core's `ppo_loss` runs it (its fast path): same loss, statistics and gradients
+    within the verifier's tolerance."""
+    from rl_core.algos import ppo
+    from rl_core.config import PPOConfig
+    from rl_core.policies.mlp import ActorCritic
+
+    torch.manual_seed(0)
+    model, B = ActorCritic(5, 2), 64
+    batch = ppo.RolloutBatch(torch.randn(B, 5), torch.randn(B, 2), torch.randn(B) - 2, torch.randn(B),
+                             torch.randn(B), torch.randn(B))
+    idx, adv, cfg = torch.arange(0, B, 2), torch.randn(B // 2), PPOConfig(clip_vloss=True, ent_coef=0.01)
+    runs = []
+    for chosen in (kernels.REFERENCE, winner):
+        monkeypatch.setattr(ppo._ppo_loss, "choose", lambda *args, chosen=chosen: chosen)
+        model.zero_grad()
+        try:
+            loss, stats = ppo.ppo_loss(model, batch, idx, adv, cfg)
+        except CandidateUnavailable as err:  # the C++ one needs a compiler
+            pytest.skip(str(err))
+        loss.backward()
+        runs.append([loss.detach(), *stats.values(), *(p.grad.clone() for p in model.parameters())])
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(*runs))
 
 
 def test_ppo_grad_reference_is_bit_identical_to_the_trainers_autograd_path() -> None:

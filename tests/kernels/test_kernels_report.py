@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,8 +47,37 @@ def test_cli_tunes_comma_separated_ops_at_their_default_shapes(make_op, tmp_path
     assert f"{first.name} shape T=16,N=4" in stdout.getvalue()
 
 
-def test_cli_reports_a_missing_generator_instead_of_failing(make_op, monkeypatch, capsys) -> None:
-    monkeypatch.delenv("GYMFLOW_KERNEL_GENERATOR_URL", raising=False)
+def test_cli_reports_a_missing_proposer_instead_of_failing(make_op, monkeypatch, capsys) -> None:
+    monkeypatch.delenv("GYMFLOW_KERNEL_PROPOSER_URL", raising=False)
     op = make_op({"numpy": gae_numpy})
-    assert main(["--ops", op.name, "--shapes", "16x4", "--generate", "--min-run-time", "0.005"]) == 0
-    assert "kernel generator skipped" in capsys.readouterr().err
+    assert main(["--ops", op.name, "--shapes", "16x4", "--propose", "--min-run-time", "0.005"]) == 0
+    assert "kernel proposer skipped" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_proposer_variable_under_its_former_name(make_op, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("GYMFLOW_KERNEL_GENERATOR_URL", "http://127.0.0.1:8000/v1")
+    op = make_op({"numpy": gae_numpy})
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--ops", op.name, "--shapes", "16x4", "--propose", "--min-run-time", "0.005"])
+    assert exit_info.value.code == 2
+    assert "GYMFLOW_KERNEL_GENERATOR_URL -> GYMFLOW_KERNEL_PROPOSER_URL" in capsys.readouterr().err
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_python_m_kernels_runs_without_warnings() -> None:
+    """The documented command; `-W always::RuntimeWarning` would show runpy's re-import warning if it were given."""
+    done = subprocess.run([sys.executable, "-W", "always::RuntimeWarning", "-m", "kernels", "--ops", "gae",
+                           "--shapes", "16x4", "--min-run-time", "0.005"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("gae T=16,N=4: ") and "Warning" not in done.stderr, done.stderr
+
+
+def test_importing_kernels_installs_no_warning_filter() -> None:
+    """`import kernels` leaves the importer's warning filters as they were (torch imported first: its own are its)."""
+    code = ("import warnings, torch\nbefore = list(warnings.filters)\nimport kernels, kernels.cli\n"
+            "added = [f for f in warnings.filters if f not in before]\nassert not added, added")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr

@@ -1,14 +1,15 @@
-"""Candidate generators: code proposed from an op's reference source, checked in a subprocess, kept for review.
+"""Candidate proposers: code proposed from an op's reference source, checked in a subprocess, kept for review.
 
-Why a subprocess: generated code is untrusted (it may loop, crash the interpreter, or corrupt state), so it is never
+Why a subprocess: proposed code is untrusted (it may loop, crash the interpreter, or corrupt state), so it is never
 executed in the tuner's process. `kernels.sandbox` loads one proposal, verifies it against the reference on the same
 seeds and edge cases as a built-in candidate, times it, and prints one JSON line; the tuner kills it after a timeout.
-A proposal that passes is saved under `<cache dir>/kernels/generated/<op>/` for a person to read and add to the op's
+A proposal that passes is saved under `<cache dir>/kernels/proposed/<op>/` for a person to read and add to the op's
 module; it is reported, never dispatched, because dispatching it would run it in-process.
 
-`ChatEndpointGenerator` asks any OpenAI-compatible chat endpoint (e.g. `vllm serve MODEL` at http://HOST:8000/v1).
-Configure it with GYMFLOW_KERNEL_GENERATOR_URL and GYMFLOW_KERNEL_GENERATOR_MODEL (and, where the endpoint wants a
-key, GYMFLOW_KERNEL_GENERATOR_API_KEY); without a URL the generator step is skipped with a message saying so.
+`ChatEndpointProposer` asks any OpenAI-compatible chat endpoint (e.g. `vllm serve MODEL` at http://HOST:8000/v1).
+Configure it with GYMFLOW_KERNEL_PROPOSER_URL and GYMFLOW_KERNEL_PROPOSER_MODEL (and, where the endpoint wants a
+key, GYMFLOW_KERNEL_PROPOSER_API_KEY); without a URL the proposer step is skipped with a message saying so. The
+former names GYMFLOW_KERNEL_GENERATOR_* are an error (`RenamedVariable`), not read.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ SYSTEM_PROMPT = (
 )
 
 
-class CandidateGenerator(Protocol):
+class CandidateProposer(Protocol):
     """Anything that proposes candidate source code for an op; each text must define `candidate`."""
 
     name: str
@@ -48,12 +49,12 @@ class CandidateGenerator(Protocol):
         ...
 
 
-class GeneratorUnavailable(RuntimeError):
-    """The generator could not be asked (endpoint down, bad reply); the tuner reports it and carries on."""
+class ProposerUnavailable(RuntimeError):
+    """The proposer could not be asked (endpoint down, bad reply); the tuner reports it and carries on."""
 
 
 def reference_prompt(op: Op) -> str:
-    """What a generator is shown: the op's conventions (its module docstring), the reference, the tolerances."""
+    """What a proposer is shown: the op's conventions (its module docstring), the reference, the tolerances."""
     module = sys.modules.get(op.reference.__module__)
     conventions = (inspect.getdoc(module) or "") if module else ""
     tolerances = ", ".join(f"{d}: rtol={t.rtol:g} atol={t.atol:g}" for d, t in op.tolerances.items())
@@ -70,7 +71,7 @@ def extract_code(reply: str) -> str:
 
 
 @dataclass
-class ChatEndpointGenerator:
+class ChatEndpointProposer:
     """Proposals from an OpenAI-compatible `/chat/completions` endpoint, asked once for `n` choices."""
 
     url: str
@@ -95,35 +96,50 @@ class ChatEndpointGenerator:
                 reply = json.load(response)
             return [extract_code(choice["message"]["content"]) for choice in reply["choices"]][:n]
         except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as exc:
-            raise GeneratorUnavailable(f"asking {endpoint} (model {self.model!r}) failed: "
-                                       f"{type(exc).__name__}: {exc}") from exc
+            raise ProposerUnavailable(f"asking {endpoint} (model {self.model!r}) failed: "
+                                      f"{type(exc).__name__}: {exc}") from exc
 
 
-def generator_from_env() -> tuple[ChatEndpointGenerator | None, str]:
-    """The configured chat generator, or None and why it is skipped."""
-    url = os.environ.get("GYMFLOW_KERNEL_GENERATOR_URL")
+ENV_PREFIX = "GYMFLOW_KERNEL_PROPOSER_"
+RENAMED = {f"GYMFLOW_KERNEL_GENERATOR_{suffix}": f"{ENV_PREFIX}{suffix}" for suffix in ("URL", "MODEL", "API_KEY")}
+"""Former names of the variables: one still set is a configuration written for the old name, refused loudly."""
+
+
+class RenamedVariable(ValueError):
+    """A GYMFLOW_KERNEL_GENERATOR_* variable is set: it was renamed to GYMFLOW_KERNEL_PROPOSER_* and is not read."""
+
+
+def proposer_from_env() -> tuple[ChatEndpointProposer | None, str]:
+    """The configured chat proposer, or None and why it is skipped; `RenamedVariable` if an old name is set."""
+    old = [name for name in RENAMED if name in os.environ]
+    if old:
+        renames = ", ".join(f"{name} -> {RENAMED[name]}" for name in old)
+        raise RenamedVariable(f"{', '.join(old)} {'is' if len(old) == 1 else 'are'} no longer read: the kernel "
+                              f"generator was renamed to the kernel proposer; rename the variable(s) ({renames}) "
+                              "and unset the old name(s)")
+    url = os.environ.get(f"{ENV_PREFIX}URL")
     if not url:
-        return None, ("kernel generator skipped: GYMFLOW_KERNEL_GENERATOR_URL is not set; point it at an "
+        return None, (f"kernel proposer skipped: {ENV_PREFIX}URL is not set; point it at an "
                       "OpenAI-compatible endpoint (e.g. http://127.0.0.1:8000/v1 from `vllm serve MODEL`) and set "
-                      "GYMFLOW_KERNEL_GENERATOR_MODEL to propose candidates")
-    model = os.environ.get("GYMFLOW_KERNEL_GENERATOR_MODEL")
+                      f"{ENV_PREFIX}MODEL to propose candidates")
+    model = os.environ.get(f"{ENV_PREFIX}MODEL")
     if not model:
-        return None, (f"kernel generator skipped: GYMFLOW_KERNEL_GENERATOR_URL is {url} but "
-                      "GYMFLOW_KERNEL_GENERATOR_MODEL is not set; set it to the served model's name")
-    generator = ChatEndpointGenerator(url, model, os.environ.get("GYMFLOW_KERNEL_GENERATOR_API_KEY"))
-    return generator, f"kernel generator: {model} at {url}"
+        return None, (f"kernel proposer skipped: {ENV_PREFIX}URL is {url} but "
+                      f"{ENV_PREFIX}MODEL is not set; set it to the served model's name")
+    proposer = ChatEndpointProposer(url, model, os.environ.get(f"{ENV_PREFIX}API_KEY"))
+    return proposer, f"kernel proposer: {model} at {url}"
 
 
 def evaluate_proposals(
-    op: Op, shape: dict, generator: CandidateGenerator, *, n: int = 2, seeds: int = 3, min_run_time: float = 0.2,
+    op: Op, shape: dict, proposer: CandidateProposer, *, n: int = 2, seeds: int = 3, min_run_time: float = 0.2,
     timeout_s: float = 300.0,
 ) -> list[CandidateResult]:
-    """Ask `generator` for `n` proposals and check each in its own subprocess; verified ones are saved for review."""
+    """Ask `proposer` for `n` proposals and check each in its own subprocess; verified ones are saved for review."""
     try:
-        sources = generator.propose(op, n)
-    except GeneratorUnavailable as exc:
-        return [CandidateResult(f"{generator.name}:unavailable", verified=False, reason=str(exc))]
-    return [_evaluate(op, shape, source, generator.name, seeds, min_run_time, timeout_s) for source in sources]
+        sources = proposer.propose(op, n)
+    except ProposerUnavailable as exc:
+        return [CandidateResult(f"{proposer.name}:unavailable", verified=False, reason=str(exc))]
+    return [_evaluate(op, shape, source, proposer.name, seeds, min_run_time, timeout_s) for source in sources]
 
 
 def _evaluate(
@@ -147,7 +163,7 @@ def _evaluate(
         return CandidateResult(name, verified=False, reason=f"sandbox exited with {done.returncode}: {tail}")
     result = CandidateResult(**{**json.loads(lines[-1]), "name": name})
     if result.verified:
-        saved = cache_dir() / "kernels" / "generated" / op.name / f"{digest}.py"
+        saved = cache_dir() / "kernels" / "proposed" / op.name / f"{digest}.py"
         saved.parent.mkdir(parents=True, exist_ok=True)
         saved.write_text(f"# proposed by {origin} for {op.name} at {shape}; verified, {result.speedup:.2f}x the "
                          f"reference. Review before adding it to kernels/.\n{source}")

@@ -1,4 +1,4 @@
-"""The generator plug-in: proposals from an OpenAI-compatible endpoint are checked in a subprocess, never in-process.
+"""The proposer plug-in: proposals from an OpenAI-compatible endpoint are checked in a subprocess, never in-process.
 
 A tiny chat endpoint on 127.0.0.1 (stdlib http.server in a thread) answers with fixed proposals: one right, one wrong.
 """
@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 
 import kernels
-from kernels.generators import ChatEndpointGenerator, evaluate_proposals, extract_code, generator_from_env
+from kernels.proposers import ChatEndpointProposer, RenamedVariable, evaluate_proposals, extract_code, proposer_from_env
 
 SHAPE = {"T": 16, "N": 4}
 
@@ -89,14 +89,14 @@ def endpoint(request: pytest.FixtureRequest) -> Iterator[ChatEndpoint]:
 @pytest.mark.parametrize("endpoint", [[GOOD, WRONG]], indirect=True)
 def test_right_proposal_is_verified_and_saved_wrong_one_rejected(endpoint: ChatEndpoint, tmp_cache_dir: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GYMFLOW_KERNEL_GENERATOR_URL", endpoint.url)
-    monkeypatch.setenv("GYMFLOW_KERNEL_GENERATOR_MODEL", "tiny-coder")
-    generator, message = generator_from_env()
-    assert generator is not None and "tiny-coder" in message
-    good, wrong = kernels.autotune("gae", [SHAPE], min_run_time=0.005, generator=generator).buckets[0].proposals
+    monkeypatch.setenv("GYMFLOW_KERNEL_PROPOSER_URL", endpoint.url)
+    monkeypatch.setenv("GYMFLOW_KERNEL_PROPOSER_MODEL", "tiny-coder")
+    proposer, message = proposer_from_env()
+    assert proposer is not None and "tiny-coder" in message
+    good, wrong = kernels.autotune("gae", [SHAPE], min_run_time=0.005, proposer=proposer).buckets[0].proposals
     assert good.verified and good.median_s and "saved for review" in good.reason
     assert not wrong.verified and "differs" in wrong.reason and wrong.median_s is None
-    saved = list((tmp_cache_dir / "kernels" / "generated" / "gae").iterdir())
+    saved = list((tmp_cache_dir / "kernels" / "proposed" / "gae").iterdir())
     assert len(saved) == 1 and "def candidate" in saved[0].read_text()  # only the right one is kept
     path, body = endpoint.requests[0]
     assert path == "/v1/chat/completions" and body["model"] == "tiny-coder" and body["n"] == 2
@@ -107,20 +107,32 @@ def test_right_proposal_is_verified_and_saved_wrong_one_rejected(endpoint: ChatE
 
 @pytest.mark.parametrize("endpoint", [[HANGS]], indirect=True)
 def test_proposal_that_never_returns_is_killed_after_the_timeout(endpoint: ChatEndpoint) -> None:
-    generator = ChatEndpointGenerator(endpoint.url, "tiny-coder")
-    (result,) = evaluate_proposals(kernels.get_op("gae"), SHAPE, generator, n=1, min_run_time=0.005, timeout_s=3)
+    proposer = ChatEndpointProposer(endpoint.url, "tiny-coder")
+    (result,) = evaluate_proposals(kernels.get_op("gae"), SHAPE, proposer, n=1, min_run_time=0.005, timeout_s=3)
     assert not result.verified and "timeout" in result.reason
 
 
-def test_without_a_url_the_generator_is_skipped_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("GYMFLOW_KERNEL_GENERATOR_URL", raising=False)
-    generator, message = generator_from_env()
-    assert generator is None and "GYMFLOW_KERNEL_GENERATOR_URL is not set" in message
+def test_without_a_url_the_proposer_is_skipped_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GYMFLOW_KERNEL_PROPOSER_URL", raising=False)
+    proposer, message = proposer_from_env()
+    assert proposer is None and "GYMFLOW_KERNEL_PROPOSER_URL is not set" in message
+
+
+@pytest.mark.parametrize("old", ["GYMFLOW_KERNEL_GENERATOR_URL", "GYMFLOW_KERNEL_GENERATOR_MODEL",
+                                 "GYMFLOW_KERNEL_GENERATOR_API_KEY"])
+def test_a_variable_under_its_former_name_is_an_error_not_read(old: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even with the new names set too: the old one is refused, never silently read or ignored."""
+    monkeypatch.setenv("GYMFLOW_KERNEL_PROPOSER_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("GYMFLOW_KERNEL_PROPOSER_MODEL", "tiny-coder")
+    monkeypatch.setenv(old, "http://127.0.0.1:8000/v1")
+    new = old.replace("GENERATOR", "PROPOSER")
+    with pytest.raises(RenamedVariable, match=f"{old} is no longer read.*{old} -> {new}"):
+        proposer_from_env()
 
 
 def test_unreachable_endpoint_is_reported_not_raised() -> None:
-    generator = ChatEndpointGenerator("http://127.0.0.1:9/v1", "tiny-coder", timeout_s=2)  # discard port: refused
-    (result,) = evaluate_proposals(kernels.get_op("gae"), SHAPE, generator)
+    proposer = ChatEndpointProposer("http://127.0.0.1:9/v1", "tiny-coder", timeout_s=2)  # discard port: refused
+    (result,) = evaluate_proposals(kernels.get_op("gae"), SHAPE, proposer)
     assert not result.verified and "failed" in result.reason and "127.0.0.1:9" in result.reason
 
 
