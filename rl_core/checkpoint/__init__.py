@@ -9,11 +9,25 @@ rl_core.checkpoint`` is the command line (ls, show, verify, gc, export).
 No pickle anywhere: tensors are raw bytes, dtype/shape/metadata are JSON. See store.py for the layout and the
 commit protocol, objects.py for how each backend writes objects, restore.py for verified reads, gc.py for
 retention, manifest.py for the schema, chunks.py for how chunks are cut and encoded, codec.py for the byte codecs
-and errors.py for what can go wrong.
+(and their registry: a new codec is one ``register_codec`` call) and errors.py for what can go wrong.
 """
 
 from .asyncsave import AsyncSaveError, AsyncSaver
-from .codec import decode_diff, decode_full, decode_rows, decode_xor, encode_diff, encode_full, encode_rows, encode_xor
+from .codec import (
+    CodecSpec,
+    available_codecs,
+    decode_diff,
+    decode_full,
+    decode_rows,
+    decode_xor,
+    encode_diff,
+    encode_full,
+    encode_rows,
+    encode_xor,
+    get_codec,
+    register_codec,
+    unregister_codec,
+)
 from .manifest import SCHEMA_VERSION, ChunkEntry, Manifest, TensorEntry
 from .store import (
     CheckpointError,
@@ -34,7 +48,12 @@ __all__ = [
     "AsyncSaveError",
     "AsyncSaver",
     "ChunkEntry",
+    "CodecSpec",
     "StorageError",
+    "available_codecs",
+    "get_codec",
+    "register_codec",
+    "unregister_codec",
     "decode_rows",
     "encode_rows",
     "CheckpointError",

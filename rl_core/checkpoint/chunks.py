@@ -1,9 +1,10 @@
 """How a version's tensors become chunks, and how one chunk is encoded (see store.py for the layout).
 
 A tensor's raw bytes are cut into spans of whole rows (or elements); each span is encoded on its own as the
-smallest lossless codec against the same span of the base version ("same", "rows", "full", "xor", "diff";
-manifest.py says what each stores). Choosing costs little: big chunks compress samples of each candidate
-and encode only the winner, and the sparse-row codec is only tried when a sample of rows says few changed.
+smallest lossless codec against the same span of the base version: "same" when unchanged, else the smallest
+of the codecs in codec.py's registry (the dense ones, "full", "xor", "diff", and the sparse-row one, "rows";
+manifest.py says what each stores). Choosing costs little: big chunks compress samples of each dense codec
+and encode only the winner, and row codecs are only tried when a sample of rows says few changed.
 Pure functions of numpy arrays: no storage, no threads (the store runs them on its worker threads).
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .codec import changed_rows, diff_bytes, encode_planes, encode_rows, xor_bytes
+from .codec import ChunkBytes, CodecSpec, available_codecs, diff_bytes, encode_planes, get_codec
 from .manifest import ChunkEntry, TensorEntry
 
 #: a 2-D chunk whose changed rows are at most this fraction of its rows is also tried as "rows" ...
@@ -28,8 +29,8 @@ _ROWS_TRY_FRACTION = 0.25
 _ROWS_TAKE_FRACTION = 0.05
 #: whether to look for changed rows at all is decided on this many evenly spaced rows.
 _SAMPLE_ROWS = 64
-#: chunks of at least this size choose between "diff", "xor" and "full" by compressing samples (slices of
-#: ``_SAMPLE_SLICE_BYTES``), then encode only the winner; smaller chunks encode all three and keep the smallest.
+#: chunks of at least this size choose between the dense codecs by compressing samples (slices of
+#: ``_SAMPLE_SLICE_BYTES``), then encode only the winner; smaller chunks encode each and keep the smallest.
 _SAMPLE_ABOVE = 128 << 10
 _SAMPLE_SLICES, _SAMPLE_SLICE_BYTES = 8, 4 << 10
 
@@ -145,32 +146,27 @@ def _sample_starts(nbytes: int, itemsize: int) -> np.ndarray:
     return np.linspace(0, n - width, _SAMPLE_SLICES).astype(np.int64) * itemsize
 
 
-#: the dense codecs a changed chunk chooses from; on a tie the earlier wins (a full chunk needs no reference)
-_DENSE_CODECS = ("full", "xor", "diff")
+def _smallest(codecs: list[CodecSpec], chunk: ChunkBytes) -> tuple[CodecSpec, bytes]:
+    """(codec, payload) of the codec whose payload is smallest; on a tie the one registered first."""
+    return min(((c, c.encode(chunk)) for c in codecs), key=lambda encoded: len(encoded[1]))
 
 
-def _dense_bytes(codec: str, new: np.ndarray, old: np.ndarray, itemsize: int) -> np.ndarray:
-    """The bytes that ``codec`` compresses (byte planes + zstd-1) for a chunk and its reference."""
-    if codec == "diff":
-        return diff_bytes(new, old, itemsize)
-    if codec == "xor":
-        return xor_bytes(new, old, itemsize)
-    return new
-
-
-def _choose_dense(raw: np.ndarray, ref_raw: np.ndarray, itemsize: int) -> tuple[str, bytes]:
-    """(codec, payload) of the smallest of "full", "xor" and "diff" for a changed chunk. Big chunks decide on
-    evenly spaced samples and encode only the winner, so choosing costs a fraction of one more encode."""
+def _choose_dense(chunk: ChunkBytes) -> tuple[CodecSpec, bytes]:
+    """(codec, payload) of the smallest dense codec for a changed chunk. Big chunks decide on evenly spaced
+    samples and encode only the winner, so choosing costs a fraction of one more encode."""
+    dense = [c for c in available_codecs() if c.dense]
+    raw, itemsize = chunk.raw, chunk.itemsize
     if raw.size < _SAMPLE_ABOVE:
-        encoded = {c: encode_planes(_dense_bytes(c, raw, ref_raw, itemsize), itemsize) for c in _DENSE_CODECS}
-        codec = min(encoded, key=lambda c: len(encoded[c]))
-        return codec, encoded[codec]
+        return _smallest(dense, chunk)
     starts = _sample_starts(raw.size, itemsize)
     width = _SAMPLE_SLICE_BYTES // itemsize * itemsize
-    new = np.concatenate([raw[o : o + width] for o in starts])
-    old = np.concatenate([ref_raw[o : o + width] for o in starts])
-    codec = min(_DENSE_CODECS, key=lambda c: len(encode_planes(_dense_bytes(c, new, old, itemsize), itemsize)))
-    return codec, encode_planes(_dense_bytes(codec, raw, ref_raw, itemsize), itemsize)
+    sample = ChunkBytes(
+        np.concatenate([raw[o : o + width] for o in starts]),
+        np.concatenate([chunk.ref[o : o + width] for o in starts]),
+        itemsize,
+    )
+    codec = min(dense, key=lambda c: len(c.encode(sample)))
+    return codec, codec.encode(chunk)
 
 
 def probe(raw: np.ndarray, itemsize: int) -> np.ndarray | None:
@@ -206,7 +202,7 @@ def encode_chunk(
     None for "same")."""
     hashed = raw_hash_fields(raw)
     if ref is None or ref_raw is None:
-        payload = encode_planes(raw, itemsize)
+        payload = get_codec("full").encode(ChunkBytes(raw, None, itemsize))
         return dict(codec="full", **hashed, chunk=sha256_hex(payload), encoded_bytes=len(payload)), payload
     # a different hash proves a change without a compare pass; an equal one (or a schema-2 reference, which has
     # no XXH3) is confirmed byte for byte
@@ -216,22 +212,20 @@ def encode_chunk(
             encoded_bytes=ref.encoded_bytes,
             ref_version=ref_version,
         ), None
-    codec, payload = "", b""
-    if row is not None and raw.size % row == 0 and _few_rows_may_differ(raw, ref_raw, row):
-        x = xor_bytes(raw, ref_raw, itemsize)
-        rows = changed_rows(x, row)
-        n_rows = raw.size // row
-        if rows.size <= _ROWS_TRY_FRACTION * n_rows:
-            codec, payload = "rows", encode_rows(x, itemsize, row, rows)
-            if rows.size > _ROWS_TAKE_FRACTION * n_rows:
-                dense = _choose_dense(raw, ref_raw, itemsize)
-                codec, payload = min((codec, payload), dense, key=lambda c: len(c[1]))
-    if not codec:
-        codec, payload = _choose_dense(raw, ref_raw, itemsize)
-    fields: dict[str, Any] = dict(codec=codec, **hashed, chunk=sha256_hex(payload), encoded_bytes=len(payload))
-    if codec != "full":
+    chunk = ChunkBytes(raw, ref_raw, itemsize, row)
+    encoded: tuple[CodecSpec, bytes] | None = None
+    row_codecs = [c for c in available_codecs() if c.row_bytes]
+    if row_codecs and row is not None and raw.size % row == 0 and _few_rows_may_differ(raw, ref_raw, row):
+        changed, n_rows = chunk.changed_rows.size, raw.size // row
+        if changed <= _ROWS_TRY_FRACTION * n_rows:
+            encoded = _smallest(row_codecs, chunk)
+            if changed > _ROWS_TAKE_FRACTION * n_rows:
+                encoded = min(encoded, _choose_dense(chunk), key=lambda e: len(e[1]))
+    codec, payload = encoded or _choose_dense(chunk)
+    fields: dict[str, Any] = dict(codec=codec.name, **hashed, chunk=sha256_hex(payload), encoded_bytes=len(payload))
+    if codec.needs_ref:
         fields.update(ref_version=ref_version, ref_chunk=ref.chunk)
-    if codec == "rows":
+    if codec.row_bytes:
         fields["row_bytes"] = row
     return fields, payload
 
@@ -287,7 +281,7 @@ def encode_version(
         fields, payload = encode_chunk(raw, itemsize, row, r, rr, ref_version)
         now = probe(raw, itemsize)
         costs = None
-        if rr is not None and parent_probe is not None and now is not None and fields["codec"] in _DENSE_CODECS:
+        if rr is not None and parent_probe is not None and now is not None and get_codec(fields["codec"]).dense:
             costs = (delta_cost(now, probe(rr, itemsize), itemsize), delta_cost(now, parent_probe, itemsize))
         return off, int(raw.size), fields, payload, now, costs
 

@@ -18,17 +18,29 @@ All functions take raw bytes (anything exposing the buffer protocol: bytes, memo
 arrays) plus the element size, and never look at the dtype: the caller owns dtype/shape bookkeeping.
 Decoders return a 1-D uint8 array holding the raw bytes; pass ``out`` to decode straight into the memory of the
 array the caller will hand out.
+
+Why a registry (end of this file, in the style of fsspec's ``register_implementation``): it is the one place
+that says what a codec named in a manifest is (encoder, decoder, whether it needs a reference, whether every
+changed chunk tries it or only sparse-row chunks), and chunk choice (chunks.py), manifest validation
+(manifest.py) and restore (restore.py) only consult it, so a new codec is one :func:`register_codec` call. The
+built-in names and payloads are the on-disk format of existing stores: they cannot be replaced or removed.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import zstandard
 
 __all__ = [
     "ZSTD_LEVEL",
+    "ChunkBytes",
+    "CodecSpec",
+    "available_codecs",
     "changed_rows",
     "decode_full",
     "decode_rows",
@@ -40,6 +52,9 @@ __all__ = [
     "encode_planes",
     "encode_rows",
     "encode_xor",
+    "get_codec",
+    "register_codec",
+    "unregister_codec",
     "xor_bytes",
 ]
 
@@ -274,5 +289,114 @@ def xor_bytes(raw: Buffer, parent_raw: Buffer, itemsize: int) -> np.ndarray:
 
 def encode_planes(u8: Buffer, itemsize: int) -> bytes:
     """Byte planes + zstd-1 of already prepared bytes (a raw buffer, or an XOR from :func:`xor_bytes`).
-    ``encode_full(raw)`` == ``encode_planes(raw)`` and ``encode_xor(raw, p)`` == ``encode_planes(xor_bytes(raw, p))``."""
+    ``encode_full(raw)`` == ``encode_planes(raw)``; ``encode_xor(raw, p)`` == ``encode_planes(xor_bytes(raw, p))``."""
     return _compress_planes(_as_bytes_array(u8, itemsize, "raw"), itemsize)
+
+
+# --------------------------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class ChunkBytes:
+    """What an encoder sees of one chunk: its raw bytes and the same span of its reference (None for a base).
+    The XOR and the changed rows are computed once per chunk and shared by every codec that uses them."""
+
+    raw: np.ndarray
+    ref: np.ndarray | None
+    itemsize: int
+    row_bytes: int | None = None
+
+    @cached_property
+    def xor(self) -> np.ndarray:
+        return xor_bytes(self.raw, self.ref, self.itemsize)
+
+    @cached_property
+    def changed_rows(self) -> np.ndarray:
+        """Indices of the rows (``row_bytes`` each) that differ from the reference."""
+        return changed_rows(self.xor, self.row_bytes)
+
+
+Encoder = Callable[[ChunkBytes], bytes]
+Decoder = Callable[[Buffer, "np.ndarray | None", int, "int | None", "np.ndarray | None"], np.ndarray]
+"""``(payload, reference raw bytes or None, itemsize, row_bytes or None, out)`` -> the flat raw bytes."""
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    """One registered chunk codec (see :func:`register_codec` for what each field means to the store)."""
+
+    name: str
+    encode: Encoder | None
+    decode: Decoder
+    needs_ref: bool
+    dense: bool
+    row_bytes: bool
+
+
+_CODECS: dict[str, CodecSpec] = {}
+_BUILTIN: frozenset[str] = frozenset()  # set below, once the built-in codecs are registered
+
+
+def register_codec(
+    name: str, *, encode: Encoder | None, decode: Decoder, needs_ref: bool, dense: bool = False,
+    row_bytes: bool = False, clobber: bool = False,
+) -> CodecSpec:
+    """Make ``name`` a codec the store can choose, manifests can name and restore can decode.
+
+    ``encode`` returns a chunk's payload (None: the codec stores no object, as "same", whose ``chunk`` is the
+    reference's object, read with ``decode``). ``needs_ref``: the payload decodes against the reference's raw
+    bytes, so the entry records ``ref_version`` and ``ref_chunk``. ``dense``: every changed chunk tries it and
+    keeps the smallest payload (a tie goes to the codec registered first: "full", which needs no reference).
+    ``row_bytes``: tried first on whole-row chunks where few rows changed (chunks.py says how few), and the
+    entry records the row size. A registered name is refused unless ``clobber`` (a built-in one always is).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a codec name must be a non-empty str, got {name!r}")
+    if name in _CODECS and (not clobber or name in _BUILTIN):
+        hint = "built-in codecs define existing stores' format" if name in _BUILTIN else "pass clobber=True"
+        raise ValueError(f"codec {name!r} is already registered ({hint})")
+    if encode is None and (needs_ref or dense or row_bytes):
+        raise ValueError(f"codec {name!r} stores no payload, so it cannot need a reference or be chosen by size")
+    spec = _CODECS[name] = CodecSpec(name, encode, decode, needs_ref, dense, row_bytes)
+    return spec
+
+
+def unregister_codec(name: str) -> None:
+    """Forget a codec registered by a plugin or a test; manifests naming it no longer parse."""
+    if get_codec(name).name in _BUILTIN:
+        raise ValueError(f"codec {name!r} is built in: existing stores name it")
+    del _CODECS[name]
+
+
+def get_codec(name: str) -> CodecSpec:
+    """The codec a manifest names; an unknown name (a newer writer's codec, or a typo) says which are known."""
+    try:
+        return _CODECS[name]
+    except KeyError:
+        known = ", ".join(_CODECS)
+        raise ValueError(f"unknown chunk codec {name!r}; known codecs: {known} (a plugin's codec must be "
+                         "registered, with register_codec, before reading a store that uses it)") from None
+
+
+def available_codecs() -> tuple[CodecSpec, ...]:
+    """Every registered codec, in registration order (the order dense codecs break ties in)."""
+    return tuple(_CODECS.values())
+
+
+def _decode_full(payload: Buffer, ref: None, itemsize: int, row_bytes: None, out: np.ndarray | None) -> np.ndarray:
+    """A "full" object (also what a "same" chunk names) decodes on its own: no reference, no rows."""
+    return decode_full(payload, itemsize, out=out)
+
+
+# Registration order is the dense codecs' tie order: "full" (no reference) first, then "xor" before "diff", as
+# stores have always chosen. It is also the order of Manifest.codec_counts.
+register_codec("full", encode=lambda c: encode_full(c.raw, c.itemsize), needs_ref=False, dense=True,
+               decode=_decode_full)
+register_codec("xor", encode=lambda c: encode_planes(c.xor, c.itemsize), needs_ref=True, dense=True,
+               decode=lambda p, ref, itemsize, _, out: decode_xor(p, ref, itemsize, out=out))
+register_codec("diff", encode=lambda c: encode_diff(c.raw, c.ref, c.itemsize), needs_ref=True, dense=True,
+               decode=lambda p, ref, itemsize, _, out: decode_diff(p, ref, itemsize, out=out))
+register_codec("rows", encode=lambda c: encode_rows(c.xor, c.itemsize, c.row_bytes, c.changed_rows), needs_ref=True,
+               row_bytes=True, decode=lambda p, ref, itemsize, rb, out: decode_rows(p, ref, itemsize, rb, out=out))
+register_codec("same", encode=None, decode=_decode_full, needs_ref=False)
+_BUILTIN = frozenset(_CODECS)

@@ -6,7 +6,8 @@ are raw bytes; dtype and shape live here, so nothing ever needs pickle. Schema 1
 tensor, deltas chained to the parent) are not readable by this version of the store.
 
 A tensor's raw bytes are cut into chunks of ``chunk_bytes`` (rounded to whole rows for 2-D and higher
-tensors, so sparse-row deltas see whole rows; small tensors are one chunk). Codecs per chunk:
+tensors, so sparse-row deltas see whole rows; small tensors are one chunk). Codecs per chunk (the built-in
+entries of codec.py's registry, which says for any codec which reference fields and ``row_bytes`` it carries):
 
 * ``"full"``: ``chunk`` holds the chunk's own bytes (byte planes + zstd-1); no reference.
 * ``"diff"``: ``chunk`` holds the wrap-around difference raw - reference raw per unsigned word (byte planes +
@@ -23,9 +24,10 @@ at most two objects per chunk. ``ref_version`` says which version that object ca
 messages). ``raw_xxh3`` is the XXH3-128 of the chunk's decoded bytes, checked on every restore (schema 2
 wrote ``raw_sha256`` instead; both verify the decoder, not an adversary, and XXH3 runs ~10x faster than
 sha256, which matters because every byte of every version is hashed); ``chunk`` is the sha256 of the stored
-object's bytes, checked on every read (it names the object, so it must resist collisions). ``uploaded`` says whether the commit that
-wrote this manifest uploaded the object (False: an identical object was already referenced by a version the
-writer knew), which is what :meth:`Manifest.encoded_bytes` counts as "added by this version".
+object's bytes, checked on every read (it names the object, so it must resist collisions). ``uploaded`` says
+whether the commit that wrote this manifest uploaded the object (False: an identical object was already
+referenced by a version the writer knew), which is what :meth:`Manifest.encoded_bytes` counts as "added by this
+version".
 """
 
 from __future__ import annotations
@@ -38,12 +40,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["SCHEMA_VERSION", "ChunkEntry", "Codec", "Manifest", "TensorEntry", "utc_now_iso"]
+from .codec import available_codecs, get_codec
+
+__all__ = ["SCHEMA_VERSION", "ChunkEntry", "Manifest", "TensorEntry", "utc_now_iso"]
 
 SCHEMA_VERSION = 3
-
-Codec = Literal["full", "diff", "xor", "rows", "same"]
-CODECS: tuple[str, ...] = ("full", "diff", "xor", "rows", "same")
 
 _SHA256_HEX = r"^[0-9a-f]{64}$"
 _XXH3_128_HEX = r"^[0-9a-f]{32}$"
@@ -61,7 +62,7 @@ class ChunkEntry(BaseModel):
 
     offset: int = Field(ge=0, description="byte offset of this chunk in the tensor's raw bytes")
     nbytes: int = Field(ge=1)
-    codec: Codec
+    codec: str = Field(description="name of a registered codec (codec.py)")
     chunk: str = Field(pattern=_SHA256_HEX, description="sha256 of the stored object's bytes")
     raw_xxh3: str | None = Field(default=None, pattern=_XXH3_128_HEX, description="XXH3-128 of the decoded bytes")
     raw_sha256: str | None = Field(default=None, pattern=_SHA256_HEX, description="schema 2: sha256 of the same")
@@ -69,20 +70,34 @@ class ChunkEntry(BaseModel):
     uploaded: bool = Field(description="whether this version's commit uploaded the object")
     ref_version: int | None = Field(default=None, ge=0)
     ref_chunk: str | None = Field(default=None, pattern=_SHA256_HEX)
-    row_bytes: int | None = Field(default=None, ge=1, description="row size of a 'rows' chunk")
+    row_bytes: int | None = Field(default=None, ge=1, description="row size of a 'rows' chunk (a row codec's)")
+
+    @field_validator("codec")
+    @classmethod
+    def _codec_is_registered(cls, value: str) -> str:
+        """A codec this process cannot decode fails on parse, naming the codecs it knows."""
+        get_codec(value)
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> ChunkEntry:
         if (self.raw_xxh3 is None) == (self.raw_sha256 is None):
-            raise ValueError("a chunk records exactly one hash of its decoded bytes (raw_xxh3, or schema 2's raw_sha256)")
-        if self.codec == "full" and (self.ref_version is not None or self.ref_chunk is not None):
-            raise ValueError("codec 'full' has no reference")
-        if self.codec in ("diff", "xor", "rows") and (self.ref_version is None or self.ref_chunk is None):
+            raise ValueError(
+                "a chunk records exactly one hash of its decoded bytes (raw_xxh3, or schema 2's raw_sha256)"
+            )
+        codec = get_codec(self.codec)
+        if codec.encode is None:
+            if self.ref_version is None or self.ref_chunk is not None or self.uploaded:
+                raise ValueError(
+                    f"codec {self.codec!r} needs a ref_version, no ref_chunk (chunk is the reference) and no upload"
+                )
+        elif codec.needs_ref and (self.ref_version is None or self.ref_chunk is None):
             raise ValueError(f"codec {self.codec!r} needs ref_version and ref_chunk")
-        if self.codec == "same" and (self.ref_version is None or self.ref_chunk is not None or self.uploaded):
-            raise ValueError("codec 'same' needs a ref_version, no ref_chunk (chunk is the reference) and no upload")
-        if (self.codec == "rows") != (self.row_bytes is not None):
-            raise ValueError("row_bytes is set exactly for codec 'rows'")
+        elif not codec.needs_ref and (self.ref_version is not None or self.ref_chunk is not None):
+            raise ValueError(f"codec {self.codec!r} has no reference")
+        if codec.row_bytes != (self.row_bytes is not None):
+            rows = [c.name for c in available_codecs() if c.row_bytes]
+            raise ValueError(f"row_bytes is set exactly for codecs {rows} (chunk codec {self.codec!r})")
         if self.row_bytes is not None and self.nbytes % self.row_bytes:
             raise ValueError(f"row_bytes {self.row_bytes} does not divide the chunk's {self.nbytes} bytes")
         return self
@@ -207,7 +222,8 @@ class Manifest(BaseModel):
 
     def stored_bytes(self) -> int:
         """Bytes of the objects this version's chunks name, each once ("same" chunks name base objects; the
-        ``ref_chunk`` objects of "diff"/"xor"/"rows" chunks are not counted: their sizes live in the base's manifest)."""
+        ``ref_chunk`` objects of "diff"/"xor"/"rows" chunks are not counted: their sizes live in the base's
+        manifest)."""
         sizes: dict[str, int] = {}
         for e in self.tensors.values():
             for c in e.chunks:
@@ -219,7 +235,7 @@ class Manifest(BaseModel):
         return {o for e in self.tensors.values() for c in e.chunks for o in c.objects()}
 
     def codec_counts(self) -> dict[str, int]:
-        counts = dict.fromkeys(CODECS, 0)
+        counts = dict.fromkeys((c.name for c in available_codecs()), 0)
         for e in self.tensors.values():
             for c in e.chunks:
                 counts[c.codec] += 1

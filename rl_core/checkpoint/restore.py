@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .chunks import raw_hash_matches, sha256_hex
-from .codec import decode_diff, decode_full, decode_rows, decode_xor
+from .codec import decode_full, get_codec
 from .errors import ChunkCorruptError, ChunkMissingError, ManifestCorruptError, RestoreError, VersionNotFoundError
 from .manifest import ChunkEntry, Manifest, TensorEntry
 from .objects import StoreObjects
@@ -57,7 +57,7 @@ class VersionReader:
         try:
             manifest = Manifest.from_json_bytes(data)
         except ValueError as exc:
-            raise corrupt(f"manifest {path} is not a valid schema-2 manifest ({str(exc)[:300]})") from None
+            raise corrupt(f"manifest {path} is not a valid schema 2 or 3 manifest ({str(exc)[:300]})") from None
         if manifest.version != version:
             raise corrupt(f"manifest {path} says it is version {manifest.version}")
         self._manifests[version] = manifest
@@ -107,7 +107,8 @@ class VersionReader:
 
     def _restore_chunk(self, requested: int, name: str, entry: TensorEntry, c: ChunkEntry, out: np.ndarray) -> None:
         """Decode one chunk into ``out``: object hash(es) checked on read, decoded bytes against raw_xxh3."""
-        own_version = c.ref_version if c.codec == "same" else requested
+        codec = get_codec(c.codec)
+        own_version = requested if codec.encode is not None else c.ref_version  # "same" names the ref's object
         payload = self._read_chunk(requested, name, own_version, c.chunk)
 
         def corrupt(detail: str) -> ChunkCorruptError:
@@ -117,16 +118,10 @@ class VersionReader:
 
         itemsize = np.dtype(entry.dtype).itemsize
         try:
-            if c.codec in ("full", "same"):
-                decode_full(payload, itemsize, out=out)
-            else:
+            ref = None
+            if codec.needs_ref:  # a reference object is always a "full" one (see manifest.py)
                 ref = decode_full(self._read_chunk(requested, name, c.ref_version, c.ref_chunk), itemsize)
-                if c.codec == "diff":
-                    decode_diff(payload, ref, itemsize, out=out)
-                elif c.codec == "xor":
-                    decode_xor(payload, ref, itemsize, out=out)
-                else:
-                    decode_rows(payload, ref, itemsize, c.row_bytes, out=out)
+            codec.decode(payload, ref, itemsize, c.row_bytes, out)
         except ValueError as exc:
             raise corrupt(f"payload does not decode ({exc})") from None
         if not raw_hash_matches(c, out):
