@@ -19,7 +19,7 @@ $(VENV)/.installed: $(PY) pyproject.toml
 install: $(VENV)/.installed
 
 train: install
-	$(PY) -m flows.train_control --preset quick $(ARGS)
+	$(PY) -m flows.cli train --preset quick $(ARGS)
 
 test: install
 	$(PY) -m pytest -q $(ARGS)

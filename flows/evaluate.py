@@ -1,6 +1,6 @@
 """Evaluate a stored version of a run: N deterministic episodes, mean and std of the return, recorded.
 
-    python -m flows.evaluate --run-name HalfCheetah-v5-quick-s0 [--version 100] [--episodes 10]
+    python -m flows.cli evaluate --run-name HalfCheetah-v5-quick-s0 [--version 100] [--episodes 10]
 
 Runs in this process (no Ray): the version is restored from the run's checkpoint store, the policy's
 mean action is played in ``episodes`` envs seeded apart from training, and the result is written to
@@ -9,12 +9,7 @@ the last line (JSON). Evaluating the same version again gives the same numbers.
 """
 from __future__ import annotations
 
-import flows.embedded_defaults  # noqa: F401  (must precede prefect and ray)
-
-import argparse
-import atexit
 import json
-import sys
 
 import fsspec
 from prefect import flow, task
@@ -43,7 +38,8 @@ def record(cfg: RunConfig, result: dict) -> str:
 
 
 @flow(name="evaluate-policy")
-def evaluate_policy(run_name: str, store: str = "file://./runs", version: int | None = None, episodes: int = 10) -> dict:
+def evaluate_policy(run_name: str, store: str = "file://./runs", version: int | None = None,
+                    episodes: int = 10) -> dict:
     """Evaluate `version` of run `run_name` under `store` with `episodes` deterministic episodes."""
     if episodes < 1:
         raise ConfigError(f"episodes: must be >= 1 (got {episodes})")
@@ -56,25 +52,3 @@ def evaluate_policy(run_name: str, store: str = "file://./runs", version: int | 
                                        "random_return")}],
     )
     return result
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-name", required=True)
-    parser.add_argument("--store", default="file://./runs", help="fsspec URL the run folder lives under")
-    parser.add_argument("--version", type=int, help="checkpoint version (default: the newest loadable)")
-    parser.add_argument("--episodes", type=int, default=10)
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    last_line: list[str] = []
-    atexit.register(lambda: last_line and print(last_line[0], flush=True))  # after Prefect's exit messages
-    try:
-        result = evaluate_policy(args.run_name, args.store, args.version, args.episodes)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    last_line.append(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,7 +4,8 @@ Run as a command with no Prefect API configured, a flow first waits for Prefect'
 start (~6 s here), and only then starts Ray (~4 s) and the run's actors (~5 s: each imports torch and builds
 its envs). None of these needs another, so the command starts the API on a thread while this thread starts
 Ray and creates the actors; the flow then finds both running. A deployment run has its API already; its
-flow starts Ray and the actors itself (`tasks.runtime.start_actors`).
+flow starts Ray and the actors itself (`RunActors.start`). The actors are named after the run, so the flow's own
+`RunActors` finds the ones started here.
 """
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import threading
 from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
 from rl_core.config import RunConfig
-from tasks.runtime import start_actors
+from rl_core.runtime.actors import RunActors
 
 
-def start_api_and_actors(cfg: RunConfig) -> None:
-    """Return once the API answers (if it is a temporary one) and the run's actors are created (not yet ready).
+def start_api_and_actors(cfg: RunConfig) -> RunActors:
+    """Return once the API answers (if it is a temporary one) and the run's actors are created (not yet ready);
+    the caller releases them when the command ends (the flow releases what it used; these may never be used).
 
     Ray is started on this thread: `ray.init` from another thread lost its connection to Ray's control store
     here. A temporary API that fails to start on the thread is started again, with its error, by the flow.
@@ -28,6 +30,8 @@ def start_api_and_actors(cfg: RunConfig) -> None:
 
         api = threading.Thread(target=SubprocessASGIServer().start, name="prefect-api-start", daemon=True)
         api.start()
-    start_actors(cfg)
+    actors = RunActors(cfg)
+    actors.start()
     if api is not None:
         api.join()
+    return actors

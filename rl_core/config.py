@@ -1,18 +1,19 @@
-"""Run configuration: validated once at the edge (flow start, CLI), plain typed values inside.
+"""Run configuration: one pydantic model per section, validated once at the edge (flow start, CLI).
 
-Presets are named sets of overrides; anything a preset sets can still be overridden explicitly. PPO values
-come in layers, later ones winning: `PPOConfig`'s defaults, the task's preset file (`presets/<env>.yaml`),
-the size preset's `ppo` values, then explicit `ppo=` overrides.
+A run is `RunConfig`: its own fields (name, seed, iterations, ranks...) plus three sections, `env` (what is
+simulated and how it is split over workers), `storage` (where checkpoints go and how often) and `algorithm`
+(chosen by its `name`, each algorithm with its own fields and preset files). Inside, plain typed values.
+
+Presets (`rl_core/presets.py`) are named sets of overrides; the flat launch options a flow and the command line
+take are derived from these models (`rl_core/launch_options.py`), so a field is declared once, here.
 """
 from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
 from rl_core.envs.gym_backend import PREFIX as GYM_PREFIX
 from rl_core.envs.randomization import DynamicsRandomization
@@ -21,11 +22,48 @@ from rl_core.envs.registry import import_env_module, validate_env_name
 STORE_SCHEMES = ("file", "memory", "s3")
 
 
-class PPOConfig(BaseModel):
-    """PPO hyper-parameters (Schulman et al., 2017; defaults follow the 37-details study where not noted)."""
+class ConfigError(ValueError):
+    """Invalid run configuration; the message names each bad field and what it allows."""
+
+
+def option(name: str) -> dict[str, str]:
+    """`json_schema_extra` of a field whose launch option (flow parameter, `--flag`) has another name."""
+    return {"option": name}
+
+
+class AlgorithmConfig(BaseModel):
+    """The algorithm section: `name` picks the registered algorithm whose subclass holds the section's fields."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    name: str = Field(description="Registered algorithm.", json_schema_extra=option("algorithm"))
+
+
+_ALGORITHM_CONFIGS: dict[str, type[AlgorithmConfig]] = {}
+
+
+def register_algorithm_config(config: type[AlgorithmConfig]) -> type[AlgorithmConfig]:
+    """Make `config` (a subclass with a `name` default) selectable as `algorithm.name`; usable as a decorator."""
+    name = config.model_fields["name"].default
+    if not isinstance(name, str) or _ALGORITHM_CONFIGS.get(name, config) is not config:
+        raise ValueError(f"algorithm config {config.__name__}: needs a unique string default for `name`, got {name!r}")
+    _ALGORITHM_CONFIGS[name] = config
+    return config
+
+
+def algorithm_config_class(name: str) -> type[AlgorithmConfig]:
+    """The section model of algorithm `name`, or a ValueError listing the registered ones."""
+    try:
+        return _ALGORITHM_CONFIGS[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {name!r}; allowed: {', '.join(sorted(_ALGORITHM_CONFIGS))}") from None
+
+
+@register_algorithm_config
+class PPOConfig(AlgorithmConfig):
+    """PPO hyper-parameters (Schulman et al., 2017; defaults follow the 37-details study where not noted)."""
+
+    name: str = Field("ppo", pattern="^ppo$", json_schema_extra=option("algorithm"))
     learning_rate: float = Field(3e-4, gt=0, description="Adam step size at iteration 0.")
     anneal_lr: bool = Field(True, description="Decay the step size linearly to 0 over the run's iterations.")
     gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
@@ -44,71 +82,67 @@ class PPOConfig(BaseModel):
     scale_rewards: bool = Field(True, description="Divide rewards by the running std of discounted returns.")
 
 
-class RunConfig(BaseModel):
-    """Everything that defines one training run; two runs with equal configs produce equal weights."""
+class EnvConfig(BaseModel):
+    """What is simulated and how the envs are split over Ray env workers."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    run_name: str = Field(description="Names the run's folder in the store; the same name continues the run.")
-    env_module: Optional[str] = Field(
-        None, description="Python module imported first (here and in every worker) to register your own tasks.")
-    env: str = Field("HalfCheetah-v5", description="Registered task name, or gym:<gymnasium id> (slower backend).")
+    # `module` before `name`: fields validate in order, and the module registers the tasks `name` may name.
+    module: Optional[str] = Field(
+        None, description="Python module imported first (here and in every worker) to register your own tasks.",
+        json_schema_extra=option("env_module"))
+    name: str = Field("HalfCheetah-v5", description="Registered task name, or gym:<gymnasium id> (slower backend).",
+                      json_schema_extra=option("env"))
     randomization: Optional[DynamicsRandomization] = Field(
         None, description="Per-env mass, friction and damping ranges (native tasks only); None: the MJCF's values.")
-    seed: int = Field(0, ge=0)
-    iterations: int = Field(ge=1, description="Training iterations (simulate, score, train, checkpoint).")
-    store: str = Field("file://./runs", description="fsspec URL under which the run's folder lives.")
-    num_workers: int = Field(2, ge=1, description="Ray env-worker actors.")
+    num_workers: int = Field(2, ge=1, description="Ray env-worker actors (a continued run may change it and "
+                             "envs_per_worker, keeping their product: its env count).")
     envs_per_worker: int = Field(32, ge=1, description="MuJoCo envs batched in each worker.")
     rollout_steps: int = Field(128, ge=1, description="Steps per env per iteration.")
-    num_ranks: int = Field(2, ge=1, description="torch.distributed ranks of the trainer group (train shards).")
-    overlap: bool = Field(
-        False, description="Collect iteration i+1 while iteration i trains, acting with the policy from before "
-        "iteration i's update (one update stale; the update then clips against its own starting weights and weights "
-        "samples by proximal/behaviour probability: decoupled PPO). Keeps env workers and trainer busy at once; "
-        "changes the math, so it is part of what a run is and a continued run keeps it.")
-    full_every: int = Field(8, ge=1, description="A full checkpoint every N versions, deltas in between.")
-    eval_episodes: int = Field(5, ge=1, description="Deterministic episodes in the final evaluation.")
-    epoch_checkpoint_every: int = Field(
-        1, ge=0, description="Save training progress every N PPO epochs inside an iteration, so a retried "
-        "train_shard resumes mid-update (0: only the per-iteration versions).")
-    epoch_checkpoint_min_s: float = Field(
-        10.0, ge=0, description="...but no sooner than this many seconds into the update or after the last such "
-        "save: an update shorter than a save is worth (the quick preset's take about a second, a save 50 ms) is "
-        "simply redone on retry (0: save at every `epoch_checkpoint_every` epochs).")
-    collective_timeout_s: float = Field(
-        120.0, gt=0, description="How long a rank waits in a collective before the group is declared broken.")
-    ppo: PPOConfig = PPOConfig()
 
-    @field_validator("run_name")
+    @field_validator("module")
     @classmethod
-    def _run_name(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", value):
-            raise ValueError("use letters, digits, '.', '_' or '-' (starting with a letter or digit), at most 100")
-        return value
-
-    @field_validator("env_module")
-    @classmethod
-    def _env_module(cls, value: Optional[str]) -> Optional[str]:
+    def _module(cls, value: Optional[str]) -> Optional[str]:
         if value is not None:
-            import_env_module(value)  # registers its tasks; fields validate in order, so `env` can name them
+            import_env_module(value)
         return value
 
-    @field_validator("env")
+    @field_validator("name")
     @classmethod
-    def _env(cls, value: str) -> str:
+    def _name(cls, value: str) -> str:
         validate_env_name(value)
         return value
 
     @model_validator(mode="after")
-    def _randomization_needs_native_task(self) -> "RunConfig":
-        if self.randomization is not None and self.env.startswith(GYM_PREFIX):
-            raise ValueError(f"randomization applies to native tasks only, not to the gymnasium backend {self.env}")
+    def _randomization_needs_native_task(self) -> "EnvConfig":
+        if self.randomization is not None and self.name.startswith(GYM_PREFIX):
+            raise ValueError(f"randomization applies to native tasks only, not to the gymnasium backend {self.name}")
         return self
 
-    @field_validator("store")
+    @property
+    def num_envs(self) -> int:
+        return self.num_workers * self.envs_per_worker
+
+
+class StorageConfig(BaseModel):
+    """Where the run's folder lives and how often state is checkpointed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field("file://./runs", description="fsspec URL under which the run's folder lives: file://, "
+                     "memory:// or s3://bucket/prefix.", json_schema_extra=option("store"), validate_default=True)
+    full_every: int = Field(8, ge=1, description="A full checkpoint every N versions, deltas in between.")
+    epoch_checkpoint_every: int = Field(
+        1, ge=0, description="Save training progress every N update epochs inside an iteration, so a retried "
+        "train_shard resumes mid-update (0: only the per-iteration versions).")
+    epoch_checkpoint_min_s: float = Field(
+        10.0, ge=0, description="...but no sooner than this many seconds into the update or after the last such "
+        "save: an update shorter than a save is worth is simply redone on retry (0: save at every "
+        "`epoch_checkpoint_every` epochs).")
+
+    @field_validator("url")
     @classmethod
-    def _store(cls, value: str) -> str:
+    def _url(cls, value: str) -> str:
         scheme, _, path = value.rpartition("://")
         scheme = scheme or "file"
         if scheme not in STORE_SCHEMES:
@@ -117,92 +151,105 @@ class RunConfig(BaseModel):
             return "file://" + os.path.abspath(os.path.expanduser(path))
         return value
 
+
+class RunConfig(BaseModel):
+    """Everything that defines one training run; two runs with equal configs produce equal weights."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    SECTIONS: ClassVar[tuple[str, ...]] = ("env", "storage", "algorithm")
+
+    run_name: str = Field(description="Names the run's folder in the store; the same name continues the run.")
+    seed: int = Field(0, ge=0, description="Seeds everything: equal seeds give bit-identical weights on CPU.")
+    iterations: int = Field(ge=1, description="Total training iterations of the run (a continued run trains up "
+                            "to this many).")
+    num_ranks: int = Field(2, ge=1, description="torch.distributed ranks of the trainer group (train shards).")
+    overlap: bool = Field(
+        False, description="Collect iteration i+1 while iteration i trains, acting with the policy from before "
+        "iteration i's update (one update stale; the update then clips against its own starting weights and weights "
+        "samples by proximal/behaviour probability: decoupled PPO). Keeps env workers and trainer busy at once; "
+        "changes the math, so it is part of what a run is and a continued run keeps it.")
+    eval_episodes: int = Field(5, ge=1, description="Deterministic episodes in the final evaluation.")
+    collective_timeout_s: float = Field(
+        120.0, gt=0, description="How long a rank waits in a collective before the group is declared broken.")
+    env: EnvConfig = EnvConfig()
+    storage: StorageConfig = StorageConfig()
+    algorithm: SerializeAsAny[AlgorithmConfig] = PPOConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat_layout(cls, data: Any) -> Any:
+        """Configs stored before the sections existed (run.json, checkpoint meta) read as they meant."""
+        return migrate_flat_config(data) if isinstance(data, dict) else data
+
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _algorithm(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return algorithm_config_class(value.get("name", "ppo")).model_validate(value)
+        return value
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", value):
+            raise ValueError("use letters, digits, '.', '_' or '-' (starting with a letter or digit), at most 100")
+        return value
+
     @model_validator(mode="after")
     def _batch_divides(self) -> "RunConfig":
-        batch = self.batch_size
-        mb = self.ppo.minibatch_size
-        if batch % mb:
-            raise ValueError(f"ppo.minibatch_size {mb} must divide the batch {batch} (workers*envs*steps)")
+        mb = getattr(self.algorithm, "minibatch_size", None)
+        if mb is None:
+            return self
+        if self.batch_size % mb:
+            raise ValueError(f"algorithm.minibatch_size {mb} must divide the batch {self.batch_size} "
+                             "(workers*envs*steps)")
         if mb % self.num_ranks:
-            raise ValueError(f"num_ranks {self.num_ranks} must divide ppo.minibatch_size {mb}")
+            raise ValueError(f"num_ranks {self.num_ranks} must divide algorithm.minibatch_size {mb}")
         return self
 
     @property
     def batch_size(self) -> int:
         """Env steps collected per iteration."""
-        return self.num_workers * self.envs_per_worker * self.rollout_steps
+        return self.env.num_envs * self.env.rollout_steps
 
     @property
     def run_url(self) -> str:
         """fsspec URL of this run's folder."""
-        return f"{self.store.rstrip('/')}/{self.run_name}"
+        return f"{self.storage.url.rstrip('/')}/{self.run_name}"
 
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # Learns HalfCheetah on a 2-core machine in a few minutes (see README for measured figures).
-    "quick": {"iterations": 100},
-    # The nightly run: 6x longer, same shapes.
-    "full": {"iterations": 600},
-    # Seconds: for tests and smoke runs; does not learn. Saves update progress at every epoch, so fault drills
-    # can resume mid-update.
-    "tiny": {"iterations": 2, "envs_per_worker": 4, "rollout_steps": 16, "eval_episodes": 1,
-             "epoch_checkpoint_min_s": 0.0, "ppo": {"minibatch_size": 32, "update_epochs": 2}},
+# Where each field of the flat layout (configs written before the sections existed) lives now.
+_FLAT_FIELDS = {
+    "env_module": ("env", "module"), "env": ("env", "name"), "randomization": ("env", "randomization"),
+    "num_workers": ("env", "num_workers"), "envs_per_worker": ("env", "envs_per_worker"),
+    "rollout_steps": ("env", "rollout_steps"), "store": ("storage", "url"), "full_every": ("storage", "full_every"),
+    "epoch_checkpoint_every": ("storage", "epoch_checkpoint_every"),
+    "epoch_checkpoint_min_s": ("storage", "epoch_checkpoint_min_s"),
 }
 
 
-# Per-task PPO hyper-parameters: one `<task name>.yaml` per task, keys = PPOConfig fields (shipped as package data).
-PRESET_DIR = Path(__file__).with_name("presets")
+def migrate_flat_config(data: dict[str, Any]) -> dict[str, Any]:
+    """A config dict in the flat layout (`env` a task name, `ppo`, `store`...) in the sectioned one; others as they
+    are. Runs started before the sections existed keep loading and continuing."""
+    if "ppo" not in data and not isinstance(data.get("env", {}), str):
+        return data
+    out: dict[str, Any] = {k: v for k, v in data.items() if k not in _FLAT_FIELDS and k != "ppo"}
+    for flat, (section, field) in _FLAT_FIELDS.items():
+        if flat in data:
+            out.setdefault(section, {})[field] = data[flat]
+    if "ppo" in data:
+        out["algorithm"] = {"name": "ppo", **data["ppo"]}
+    return out
 
 
-class ConfigError(ValueError):
-    """Invalid run configuration; the message names each bad field and what it allows."""
-
-
-def task_ppo_preset(env: str, preset_dir: Path | None = None) -> dict[str, Any]:
-    """The validated PPO values of `env`'s preset file (`<preset_dir>/<env>.yaml`); {} for a task without one."""
-    files = {p.stem: p for p in Path(preset_dir or PRESET_DIR).glob("*.yaml")}  # by listing: no path from `env`
-    path = files.get(env) if isinstance(env, str) else None
-    if path is None:
-        return {}
-    try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"{path}: expected a mapping of PPOConfig fields, found {type(values).__name__}")
-    unknown = sorted(str(k) for k in values if k not in PPOConfig.model_fields)
-    if unknown:
-        raise ConfigError(f"{path}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                          f"a task preset holds PPOConfig fields only: {', '.join(PPOConfig.model_fields)}")
-    try:
-        checked = PPOConfig.model_validate(values)
-    except ValidationError as err:
-        raise ConfigError(format_validation_error(err, f"{path}: invalid PPO preset:")) from None
-    return {k: getattr(checked, k) for k in values}
-
-
-def build_config(preset: str = "quick", **overrides: Any) -> RunConfig:
-    """Preset values, then explicit overrides (None means 'not given'), validated together.
-
-    PPO values: PPOConfig defaults < the task's preset file < the size preset's `ppo` < explicit `ppo=`.
-    """
-    if preset not in PRESETS:
-        raise ConfigError(f"preset: unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
-    values: dict[str, Any] = {k: v for k, v in PRESETS[preset].items() if k != "ppo"}
-    explicit_ppo = overrides.pop("ppo", None) or {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    env = values.get("env", RunConfig.model_fields["env"].default)
-    values["ppo"] = {**task_ppo_preset(env), **PRESETS[preset].get("ppo", {}), **explicit_ppo}
-    try:
-        return RunConfig(**values)
-    except ValidationError as err:
-        raise ConfigError(format_validation_error(err)) from None
-
-
-def format_validation_error(err: ValidationError, title: str = "invalid run configuration:") -> str:
-    """One line per bad field: `field: message (got value)`."""
+def format_validation_error(err: Any, title: str = "invalid run configuration:",
+                            flags: dict[str, str] | None = None) -> str:
+    """One line per bad field of a pydantic ValidationError: `field (--flag): message (got value)`, the flag
+    (from `flags`, dotted field -> option name) where the field is set by a launch option of another name."""
     lines = [title]
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "config"
-        lines.append(f"  {field}: {e['msg']} (got {e.get('input')!r})")
+        flag = (flags or {}).get(field)
+        shown = f"{field} (--{flag.replace('_', '-')})" if flag and flag != field else field
+        lines.append(f"  {shown}: {e['msg']} (got {e.get('input')!r})")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Cache keys of the steps: (run, incarnation, iteration, step, shard, input version).
+"""Cache keys of the steps: (run, incarnation, iteration, step, rank, input version).
 
 Keys are built from inputs, not from the flow-run id, so rerunning a failed run — Prefect's "Retry",
 or the same command with the same run name — skips every step that already completed and continues
@@ -19,13 +19,14 @@ STEP_OPTIONS: dict[str, Any] = {
 
 
 def step_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    """`run/incarnation/iteration/step/shard/vN`: the same inputs in the same run give the same key."""
+    """`run/incarnation/iteration/step/rank/vN`: the same inputs in the same run give the same key (a live
+    object such as the run's actors is never part of it)."""
     cfg = parameters["cfg"]
     return "/".join([
         cfg.run_name,
         parameters["incarnation"],
         f"iter{parameters.get('iteration', '-')}",
         context.task.name,
-        f"shard{parameters.get('shard', '-')}",
+        f"rank{parameters.get('rank', '-')}",
         f"v{parameters.get('version', '-')}",
     ])

@@ -18,8 +18,7 @@ import kernels
 from rl_core.algos.hot_ops import hot_ops, tune_hot_ops
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout
-from rl_core.runtime.env_worker import ENV_WORKER_THREADS
-from rl_core.runtime.trainer import TRAINER_THREADS
+from rl_core.threads import ENV_WORKER_THREADS, TRAINER_THREADS
 from tasks.caching import STEP_OPTIONS
 
 

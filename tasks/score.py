@@ -1,9 +1,9 @@
-"""score: GAE advantages and returns (through `kernels.dispatch("gae")`) for one iteration's experience."""
+"""score: the algorithm's scoring (GAE for PPO, through `kernels.dispatch`) of one iteration's experience."""
 from __future__ import annotations
 
 from prefect import task
 
-from rl_core.algos.advantages import score_experience
+from rl_core.algos.base import algorithm_of
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout, read_tensors, write_tensors
 from tasks.caching import STEP_OPTIONS, step_cache_key
@@ -13,10 +13,7 @@ from tasks.caching import STEP_OPTIONS, step_cache_key
 def score(cfg: RunConfig, incarnation: str, iteration: int, version: int, experience: list[str]) -> dict:
     """Read the experience shards, score them, write the batch every train shard reads."""
     parts, metas = zip(*(read_tensors(uri) for uri in experience))
-    scales = {m["reward_scale"] for m in metas}
-    if len(scales) != 1:
-        raise RuntimeError(f"iteration {iteration}: workers used different reward scales {scales}; rerun simulate")
-    scored = score_experience(list(parts), scales.pop(), cfg.ppo.gamma, cfg.ppo.gae_lambda)
+    scored = algorithm_of(cfg).score(cfg, list(parts), list(metas))
     uri = RunLayout(cfg.run_url).scored(iteration)
     size = write_tensors(uri, scored, {"iteration": iteration, "version": version})
-    return {"scored": uri, "bytes": size, "samples": int(scored["advantages"].shape[0])}
+    return {"scored": uri, "bytes": size}

@@ -6,15 +6,15 @@ import time
 from prefect import get_run_logger, task
 
 from rl_core.config import RunConfig
+from rl_core.runtime.actors import RunActors
 from tasks.caching import STEP_OPTIONS, step_cache_key
-from tasks.runtime import env_pool
 
 
 @task(name="simulate", cache_key_fn=step_cache_key, **STEP_OPTIONS)
-def simulate(cfg: RunConfig, incarnation: str, iteration: int, version: int) -> dict:
+def simulate(cfg: RunConfig, actors: RunActors, incarnation: str, iteration: int, version: int) -> dict:
     """Experience shard URIs and rollout metrics of `iteration`, acting with checkpoint `version`."""
     start = time.perf_counter()
-    pool = env_pool(cfg)
+    pool = actors.env_pool
     replaced = pool.health_check()  # a worker lost since the last step is replaced before, not during, this one
     if replaced:
         get_run_logger().warning("env workers %s were dead and have been replaced; they restore version %d",

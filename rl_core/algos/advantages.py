@@ -9,38 +9,39 @@ import numpy as np
 import torch
 
 import kernels
+from rl_core.algos.batches import Experience, ScoredBatch
 from rl_core.policies.normalizer import Moments
 
-SCORED_KEYS = ("obs", "actions", "logprobs", "values", "advantages", "returns")
-MOMENT_KEYS = ("obs_moments", "ret_moments")
 _gae = kernels.dispatch("gae")  # the tuned winner for each call's shape, or the reference
 
 
-def score_experience(parts: list[dict[str, np.ndarray]], reward_scale: float, gamma: float, lam: float) -> dict[str, np.ndarray]:
+def score_experience(parts: list[Experience], reward_scale: float, gamma: float, lam: float) -> ScoredBatch:
     """GAE advantages and returns for the joined rollouts `parts` (each (T, N_w, ...)), flattened to (T*N, ...)."""
-    joined = {k: np.concatenate([p[k] for p in parts], axis=1) for k in
-              ("obs", "actions", "logprobs", "values", "rewards", "dones", "trunc_values")}
-    next_value = np.concatenate([p["next_value"] for p in parts])
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([getattr(p, name) for p in parts], axis=1)
+
+    next_value = np.concatenate([p.next_value for p in parts])
     # A truncated episode did not end: fold the critic's value of its final state into the last reward.
-    rewards = joined["rewards"] * np.float32(reward_scale) + np.float32(gamma) * joined["trunc_values"]
+    rewards = joined("rewards") * np.float32(reward_scale) + np.float32(gamma) * joined("trunc_values")
+    values = joined("values")
     advantages, returns = _gae(
-        torch.from_numpy(rewards), torch.from_numpy(joined["values"]), torch.from_numpy(joined["dones"]),
+        torch.from_numpy(rewards), torch.from_numpy(values), torch.from_numpy(joined("dones")),
         torch.from_numpy(next_value), gamma, lam,
     )
-    flat = lambda x: np.ascontiguousarray(x.reshape(-1, *x.shape[2:]))  # noqa: E731
-    out = {k: flat(joined[k]) for k in ("obs", "actions", "logprobs", "values")}
-    out["advantages"] = flat(advantages.numpy())
-    out["returns"] = flat(returns.numpy())
-    out.update(_merged_moments(parts))
-    return out
+
+    def flat(x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x.reshape(-1, *x.shape[2:]))
+
+    return ScoredBatch(
+        obs=flat(joined("obs")), actions=flat(joined("actions")), logprobs=flat(joined("logprobs")),
+        values=flat(values), advantages=flat(advantages.numpy()), returns=flat(returns.numpy()),
+        obs_moments=_merged([p.obs_moments for p in parts]), ret_moments=_merged([p.ret_moments for p in parts]),
+    )
 
 
-def _merged_moments(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Per-worker moments of raw observations and discounted returns, merged (order-independent math)."""
-    out: dict[str, np.ndarray] = {}
-    for name in MOMENT_KEYS:
-        total = Moments(0.0, np.zeros_like(parts[0][f"{name}.mean"]), np.zeros_like(parts[0][f"{name}.m2"]))
-        for p in parts:
-            total = total.merge(Moments(float(p[f"{name}.count"]), p[f"{name}.mean"], p[f"{name}.m2"]))
-        out.update({f"{name}.count": np.array(total.count), f"{name}.mean": total.mean, f"{name}.m2": total.m2})
-    return out
+def _merged(moments: list[Moments]) -> Moments:
+    """Per-worker moments merged in worker order (order-independent math)."""
+    total = Moments(0.0, np.zeros_like(moments[0].mean), np.zeros_like(moments[0].m2))
+    for m in moments:
+        total = total.merge(m)
+    return total

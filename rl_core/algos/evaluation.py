@@ -5,12 +5,11 @@ reset noise with training and gives the same numbers for the same weights wherev
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
-import torch
 
-from rl_core.algos.learner import PPOLearner, policy_sha256
+from rl_core.algos.base import Tensors, build_policy, policy_sha256
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout
@@ -19,20 +18,25 @@ from rl_core.seeding import derive_seed
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation envs never share reset noise with training envs
 
-Policy = Callable[[np.ndarray], np.ndarray]
+Actions = Callable[[np.ndarray], np.ndarray]
+"""Raw observations (N, obs_dim) -> actions (N, action_dim)."""
 
 
-def evaluate_learner(cfg: RunConfig, learner: PPOLearner, episodes: int) -> dict[str, float]:
+class ControlPolicy(Protocol):
+    """A policy of a control algorithm, as evaluation uses it."""
+
+    def deterministic_action(self, obs: np.ndarray) -> np.ndarray: ...
+
+    def load_state(self, state: Tensors) -> None: ...
+
+
+def evaluate_policy(cfg: RunConfig, policy: ControlPolicy, episodes: int) -> dict[str, float]:
     """Mean and std of the deterministic policy's episode returns, and a uniform-random policy's mean."""
     eval_seed = derive_seed(cfg.seed, EVAL_SEED_OFFSET)
-
-    def deterministic(obs: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            x = torch.from_numpy(learner.obs_norm.normalize(obs))
-            return learner.model.deterministic_action(x).numpy().astype(np.float64)
-
-    learned = run_episodes(make_batch(cfg.env, episodes, eval_seed, randomization=cfg.randomization), deterministic)
-    env = make_batch(cfg.env, episodes, eval_seed, randomization=cfg.randomization)
+    randomization = cfg.env.randomization
+    learned = run_episodes(make_batch(cfg.env.name, episodes, eval_seed, randomization=randomization),
+                           policy.deterministic_action)
+    env = make_batch(cfg.env.name, episodes, eval_seed, randomization=randomization)
     rng = np.random.default_rng(eval_seed)
     random = run_episodes(env, lambda obs: rng.uniform(env.action_low, env.action_high, (episodes, env.action_dim)))
     return {"final_return": float(np.mean(learned)), "final_return_std": float(np.std(learned)),
@@ -42,16 +46,15 @@ def evaluate_learner(cfg: RunConfig, learner: PPOLearner, episodes: int) -> dict
 def evaluate_version(cfg: RunConfig, version: int | None, episodes: int) -> dict:
     """Evaluate checkpoint ``version`` of the run (None: the newest loadable one) in this process."""
     snapshot = CheckpointStore(RunLayout(cfg.run_url).checkpoints).load(version)
-    probe = make_batch(cfg.env, 1, seed=0)  # only for the observation and action sizes
-    learner = PPOLearner(probe.obs_dim, probe.action_dim, cfg.ppo, cfg.seed)
-    learner.load_policy(snapshot.tensors)
-    result = evaluate_learner(cfg, learner, episodes)
+    policy = build_policy(cfg)
+    policy.load_state(snapshot.tensors)
+    result = evaluate_policy(cfg, policy, episodes)
     result.update(version=snapshot.version, env_steps=snapshot.meta.get("env_steps"),
                   policy_sha256=policy_sha256(snapshot.tensors))
     return result
 
 
-def run_episodes(env: BatchedMujocoEnv | GymnasiumBatch, policy: Policy) -> np.ndarray:
+def run_episodes(env: BatchedMujocoEnv | GymnasiumBatch, policy: Actions) -> np.ndarray:
     """Step until every env finished its first episode; returns the per-env episode returns."""
     returns = np.full(env.num_envs, np.nan)
     while np.isnan(returns).any():

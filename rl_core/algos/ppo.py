@@ -1,4 +1,7 @@
-"""PPO's clipped-surrogate update, data-parallel over the ranks of a process group.
+"""PPO's clipped-surrogate update (Schulman et al., 2017), data-parallel over the ranks of a process group.
+
+Read top to bottom: the batch, the loss (`ppo_loss`: clipped surrogate, value loss, entropy bonus), the minibatch
+gradient (through the fused `ppo_grad` kernel for two-hidden-layer policies), then the epochs (`ppo_update`).
 
 Every rank holds the whole scored rollout; each global minibatch (the same on every rank, drawn from a
 generator seeded by (seed, iteration, epoch)) is split across ranks by stride, each rank averages the
@@ -8,13 +11,13 @@ the global minibatch mean, so K ranks compute what one process would (up to floa
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
 
-import numpy as np
 import torch
 from torch import nn
 
 import kernels
+from rl_core.algos.base import Epochs, UpdateHooks
+from rl_core.algos.batches import ScoredBatch
 from rl_core.config import PPOConfig
 from rl_core.policies.mlp import ActorCritic
 from rl_core.seeding import torch_generator
@@ -22,12 +25,8 @@ from rl_core.seeding import torch_generator
 _ppo_loss = kernels.dispatch("ppo_loss")  # the tuned winner for each minibatch size, or the reference
 _ppo_grad = kernels.dispatch("ppo_grad")  # model forward + loss + backward in one call, for two-hidden-layer models
 
-# Averages a flat gradient (or metric) vector across ranks in place; identity for a single process.
-AllReduceMean = Callable[[torch.Tensor], None]
-
-
-def single_process(_: torch.Tensor) -> None:
-    """AllReduceMean for one process: nothing to average."""
+STAT_NAMES = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+"""What the stats vector of `minibatch_gradient` holds, in order."""
 
 
 @dataclass(frozen=True)
@@ -46,10 +45,11 @@ class RolloutBatch:
         return self.obs.shape[0]
 
     @classmethod
-    def from_scored(cls, scored: dict[str, np.ndarray]) -> "RolloutBatch":
-        """The update's tensors from the score step's arrays (shared memory, no copies)."""
-        return cls(*(torch.from_numpy(scored[k]) for k in
-                     ("obs", "actions", "logprobs", "values", "advantages", "returns")))
+    def from_scored(cls, scored: ScoredBatch) -> "RolloutBatch":
+        """The update's tensors from the score step's batch (shared memory, no copies)."""
+        return cls(obs=torch.from_numpy(scored.obs), actions=torch.from_numpy(scored.actions),
+                   logprobs=torch.from_numpy(scored.logprobs), values=torch.from_numpy(scored.values),
+                   advantages=torch.from_numpy(scored.advantages), returns=torch.from_numpy(scored.returns))
 
 
 def decoupled(model: ActorCritic, batch: RolloutBatch) -> RolloutBatch:
@@ -71,26 +71,43 @@ def decoupled(model: ActorCritic, batch: RolloutBatch) -> RolloutBatch:
 def ppo_loss(
     model: ActorCritic, batch: RolloutBatch, idx: torch.Tensor, adv: torch.Tensor, cfg: PPOConfig
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate + value loss - entropy bonus on samples `idx` with (normalized) advantages `adv`.
+    """PPO's loss on samples `idx` with (normalized) advantages `adv`: clipped surrogate + value loss - entropy bonus
+    (Schulman et al., 2017, eq. 7 and 9), and the statistics every epoch reports.
 
-    The model's outputs are computed here; the loss arithmetic (and its backward) is the tuned `ppo_loss` kernel,
-    whose reference is this function's former body op for op, so untuned runs are bit-identical to it.
+    Where the tuner found a faster implementation of the same arithmetic for this minibatch size (`ppo_loss` in
+    `kernels/`, whose reference is this function's arithmetic op for op and which the verifier holds equal to it),
+    that runs instead: the fast path of this function, not another loss.
     """
     dist = model.distribution(batch.obs[idx])
-    logprob = dist.log_prob(batch.actions[idx]).sum(-1)
-    value = model.value(batch.obs[idx])
+    new_logprob = dist.log_prob(batch.actions[idx]).sum(-1)
+    new_value = model.value(batch.obs[idx])
     entropy = dist.entropy().sum(-1)
-    loss, pg_loss, v_loss, entropy_mean, approx_kl, clip_fraction = _ppo_loss(
-        logprob, batch.logprobs[idx], adv, value, batch.values[idx], batch.returns[idx], entropy,
-        cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss,
-    )
-    stats = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_mean, "approx_kl": approx_kl,
-             "clip_fraction": clip_fraction}
-    return loss, stats
-
-
-STAT_NAMES = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
-"""What the stats vector of `minibatch_gradient` holds, in order."""
+    old_logprob, old_value, returns = batch.logprobs[idx], batch.values[idx], batch.returns[idx]
+    if _ppo_loss.choose(new_logprob, old_logprob, adv, new_value, old_value, returns, entropy, cfg.clip_coef,
+                        cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss) != kernels.REFERENCE:
+        loss, *stats = _ppo_loss(
+            new_logprob=new_logprob, old_logprob=old_logprob, advantages=adv, value=new_value, old_value=old_value,
+            returns=returns, entropy=entropy, clip_coef=cfg.clip_coef, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
+            clip_vloss=cfg.clip_vloss)
+        return loss, dict(zip(STAT_NAMES[1:], stats))
+    log_ratio = new_logprob - old_logprob
+    ratio = log_ratio.exp()
+    # Clipped surrogate objective, as a loss: the pessimistic bound of the unclipped and clipped ratio terms.
+    policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+    # Value loss: squared error to the GAE returns, optionally clipped around the behaviour values like the ratio.
+    value_error = (new_value - returns) ** 2
+    if cfg.clip_vloss:
+        clipped_value = old_value + (new_value - old_value).clamp(-cfg.clip_coef, cfg.clip_coef)
+        value_error = torch.max(value_error, (clipped_value - returns) ** 2)
+    value_loss = 0.5 * value_error.mean()
+    # Entropy bonus: keeps the Gaussian from collapsing early.
+    entropy_bonus = entropy.mean()
+    loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy_bonus
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean()  # Schulman's low-variance estimator of KL(old || new)
+        clip_fraction = ((ratio - 1).abs() > cfg.clip_coef).float().mean()
+    stats = (policy_loss.detach(), value_loss.detach(), entropy_bonus.detach(), approx_kl, clip_fraction)
+    return loss, dict(zip(STAT_NAMES[1:], stats))
 
 
 def minibatch_gradient(
@@ -134,23 +151,23 @@ def ppo_update(
     cfg: PPOConfig,
     generator_seed: int,
     learning_rate: float,
-    rank: int = 0,
-    world_size: int = 1,
-    all_reduce_mean: AllReduceMean = single_process,
-    start_epoch: int = 0,
-    on_epoch_end: Callable[[dict[str, float]], None] | None = None,
-) -> list[dict[str, float]]:
-    """Epochs `start_epoch`..`cfg.update_epochs - 1` of minibatch SGD on `batch`; one metrics dict per epoch run.
+    hooks: UpdateHooks = UpdateHooks(),
+    done: Epochs = (),
+) -> Epochs:
+    """Minibatch SGD on `batch` for the epochs after `done` (those a resumed update already ran) up to
+    `cfg.update_epochs`; returns every epoch's metrics, `done`'s first.
 
     Each epoch draws its own permutation from (generator_seed, epoch), so an update resumed at an epoch
-    boundary (after `on_epoch_end` saved the state) continues exactly as if it had never stopped.
+    boundary (after `hooks.on_epoch_end` saved the state) continues exactly as if it had never stopped.
     """
+    history = list(done)
+    if (history and history[-1]["early_stop"]) or len(history) >= cfg.update_epochs:
+        return history
     for group in optimizer.param_groups:
         group["lr"] = learning_rate
     grad = _flat_grad_views(model.ordered_parameters)
     size = len(batch)
-    history: list[dict[str, float]] = []
-    for epoch in range(start_epoch, cfg.update_epochs):
+    for epoch in range(len(done), cfg.update_epochs):
         perm = torch.randperm(size, generator=torch_generator(generator_seed, epoch))
         totals: torch.Tensor | None = None
         steps = 0
@@ -161,33 +178,33 @@ def ppo_update(
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             if batch.advantage_weights is not None:
                 adv = adv * batch.advantage_weights[mb]
-            local = slice(rank, None, world_size)
+            local = slice(hooks.rank, None, hooks.world_size)
             stats, minibatch_grad = minibatch_gradient(model, batch, mb[local], adv[local], cfg)
             if not torch.isfinite(stats[0]):
                 raise FloatingPointError(
                     f"PPO loss is {stats[0].item()} at epoch {epoch}, minibatch {start // cfg.minibatch_size} "
-                    f"(rank {rank}); the weights were not updated with it and the last committed version is "
-                    "intact. Lower ppo.learning_rate or check the rewards/observations for NaN or inf.")
+                    f"(rank {hooks.rank}); the weights were not updated with it and the last committed version is "
+                    "intact. Lower algorithm.learning_rate or check the rewards/observations for NaN or inf.")
             grad.copy_(minibatch_grad)
-            all_reduce_mean(grad)
+            hooks.all_reduce_mean(grad)
             _clip_grad_norm(grad, cfg.max_grad_norm)
             optimizer.step()
             totals = stats if totals is None else totals + stats
             steps += 1
         means = totals[1:] / steps  # the loss itself is not reported, as before
-        all_reduce_mean(means)  # every rank sees (and decides on) the same numbers
+        hooks.all_reduce_mean(means)  # every rank sees (and decides on) the same numbers
         metrics = {k: float(v) for k, v in sorted(zip(STAT_NAMES[1:], means))}
         stop = cfg.target_kl is not None and metrics["approx_kl"] > cfg.target_kl
         metrics.update(epoch=float(epoch), minibatch_steps=float(steps), early_stop=float(stop))
         history.append(metrics)
-        if on_epoch_end is not None:
-            on_epoch_end(metrics)
+        if hooks.on_epoch_end is not None:
+            hooks.on_epoch_end(history, stop or epoch + 1 == cfg.update_epochs)
         if stop:
             break
     return history
 
 
-def summarize_epochs(history: list[dict[str, float]]) -> dict[str, float]:
+def summarize_epochs(history: Epochs) -> dict[str, float]:
     """Mean of each metric over the epochs, plus how many epochs and minibatch steps ran."""
     keys = [k for k in history[0] if k not in ("epoch", "minibatch_steps", "early_stop")]
     summary = {k: sum(h[k] for h in history) / len(history) for k in keys}

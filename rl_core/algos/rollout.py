@@ -1,4 +1,4 @@
-"""Collect a rollout from a batched env with a frozen policy; everything PPO's update needs, per step.
+"""Collect a rollout from a batched env with a frozen Gaussian policy; everything PPO's update needs, per step.
 
 Randomness is counter-based: each env's action noise in an iteration comes from its own generator
 (`rl_core.seeding.action_noise`), so a rollout is reproducible from the checkpointed state without saving
@@ -11,26 +11,27 @@ import math
 import numpy as np
 import torch
 
-from rl_core.algos.learner import PPOLearner
+from rl_core.algos.batches import Experience
 from rl_core.envs import BatchedMujocoEnv, GymnasiumBatch
-from rl_core.policies.normalizer import Moments
+from rl_core.policies.mlp import ActorCritic
+from rl_core.policies.normalizer import Moments, ObservationNormalizer
 
 
 def collect_rollout(
     env: BatchedMujocoEnv | GymnasiumBatch,
-    learner: PPOLearner,
+    model: ActorCritic,
+    norm: ObservationNormalizer,
     steps: int,
     gamma: float,
     discounted_return: np.ndarray,
     noise: torch.Tensor,
-) -> tuple[dict[str, np.ndarray], dict]:
+) -> tuple[Experience, dict]:
     """Step `env` for `steps` steps; `discounted_return` (N,) is the per-env running return, updated in place;
     `noise` (steps, N, action_dim) is the standard-normal action noise of each step.
 
-    Returns per-step arrays (T, N, ...) and a small summary (finished episode returns, moments).
+    Returns the experience (T, N, ...) and a small summary (finished episode returns, env steps).
     """
     n = env.num_envs
-    model, norm = learner.model, learner.obs_norm
     obs_buf = np.zeros((steps, n, env.obs_dim), np.float32)
     act_buf = np.zeros((steps, n, env.action_dim), np.float32)
     logp_buf = np.zeros((steps, n), np.float32)
@@ -71,13 +72,9 @@ def collect_rollout(
             finished.extend(result.finished_returns.tolist())
             obs = result.obs
         next_value = model.value(torch.from_numpy(norm.normalize(obs))).numpy()
-    arrays = {
-        "obs": obs_buf, "actions": act_buf, "logprobs": logp_buf, "values": value_buf, "rewards": reward_buf,
-        "dones": done_buf, "trunc_values": trunc_value_buf, "next_value": next_value.astype(np.float32),
-    }
-    obs_m, ret_m = Moments.of(raw_obs), Moments.of(ret_buf[..., None])
-    arrays.update({
-        "obs_moments.count": np.array(obs_m.count), "obs_moments.mean": obs_m.mean, "obs_moments.m2": obs_m.m2,
-        "ret_moments.count": np.array(ret_m.count), "ret_moments.mean": ret_m.mean, "ret_moments.m2": ret_m.m2,
-    })
-    return arrays, {"finished_returns": finished, "env_steps": steps * n}
+    experience = Experience(
+        obs=obs_buf, actions=act_buf, logprobs=logp_buf, values=value_buf, rewards=reward_buf, dones=done_buf,
+        trunc_values=trunc_value_buf, next_value=next_value.astype(np.float32), obs_moments=Moments.of(raw_obs),
+        ret_moments=Moments.of(ret_buf[..., None]),
+    )
+    return experience, {"finished_returns": finished, "env_steps": steps * n}

@@ -12,15 +12,16 @@ from datetime import datetime, timezone
 
 import fsspec
 
-from rl_core.config import ConfigError, RunConfig
+from rl_core.config import ConfigError, RunConfig, migrate_flat_config
 from rl_core.data.run_layout import RunLayout
 
 # Fields a continued run may change: how far to go and how much to evaluate, not what is trained. Also how its
 # envs are split over env workers, as long as their number stays (checkpoints hold every env's state in global
 # env order, so any split restores them): a run can continue on more or fewer workers.
-CONTINUABLE_FIELDS = {"iterations", "eval_episodes", "store", "epoch_checkpoint_every", "epoch_checkpoint_min_s",
-                      "collective_timeout_s", "num_workers", "envs_per_worker"}
-ENV_COUNT = "num_workers x envs_per_worker"
+CONTINUABLE_FIELDS = {"iterations", "eval_episodes", "storage.url", "storage.epoch_checkpoint_every",
+                      "storage.epoch_checkpoint_min_s", "collective_timeout_s", "env.num_workers",
+                      "env.envs_per_worker"}
+ENV_COUNT = "env.num_workers x env.envs_per_worker"
 
 
 @dataclass(frozen=True)
@@ -30,23 +31,37 @@ class RunInfo:
     is_new: bool
 
 
+def _dotted(values: dict, prefix: str = "") -> dict:
+    """A nested config dict as {"env.name": ...}: sections' fields are compared one by one."""
+    out: dict = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and key in RunConfig.SECTIONS and not prefix:
+            out.update(_dotted(value, f"{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
 def _comparable(cfg: dict) -> dict:
-    fields = {k: v for k, v in cfg.items() if k not in CONTINUABLE_FIELDS}
-    fields[ENV_COUNT] = cfg["num_workers"] * cfg["envs_per_worker"]
+    """The fields a continued run must keep, dotted, from a stored (any layout) or current config dict."""
+    nested = migrate_flat_config(cfg)
+    fields = {k: v for k, v in _dotted(nested).items() if k not in CONTINUABLE_FIELDS}
+    fields[ENV_COUNT] = nested["env"]["num_workers"] * nested["env"]["envs_per_worker"]
     return fields
 
 
 def load_run_config(store: str, run_name: str) -> RunConfig:
     """The configuration run ``run_name`` under ``store`` was started with (its run.json), with ``store`` as
     given (the run may have been moved since), for steps that act on an existing run."""
-    located = RunConfig.model_validate({"run_name": run_name, "store": store, "iterations": 1})
+    located = RunConfig.model_validate({"run_name": run_name, "storage": {"url": store}, "iterations": 1})
     fs, path = fsspec.core.url_to_fs(RunLayout(located.run_url).run_info)
     try:
         stored = json.loads(fs.cat_file(path))
     except FileNotFoundError:
-        raise ConfigError(f"no run {run_name!r} under {located.store} ({path} does not exist); "
+        raise ConfigError(f"no run {run_name!r} under {located.storage.url} ({path} does not exist); "
                           "check --run-name and --store") from None
-    return RunConfig.model_validate({**stored["config"], "store": located.store})
+    config = migrate_flat_config(stored["config"])
+    return RunConfig.model_validate({**config, "storage": {**config.get("storage", {}), "url": located.storage.url}})
 
 
 def open_run(cfg: RunConfig) -> RunInfo:

@@ -6,29 +6,20 @@ Committing is idempotent: asking again for a version that exists returns it inst
 """
 from __future__ import annotations
 
-import io
-
 import fsspec
 import numpy as np
-import torch
 
+from rl_core.algos.base import Tensors
+from rl_core.algos.batches import ENV_STATE_PREFIX
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout, read_tensors
-from rl_core.runtime.env_worker import ENV_PREFIX
 
 RNG_SCHEME = "counter-based: every stream is seeded from (seed, iteration, env index, episode index)"
 
 
 def _store(cfg: RunConfig) -> CheckpointStore:
-    return CheckpointStore(RunLayout(cfg.run_url).checkpoints, full_every=cfg.full_every)
-
-
-def torch_save_bytes(tensors: dict[str, np.ndarray]) -> int:
-    """Size of the same state written by `torch.save`: the baseline our checkpoint sizes are compared with."""
-    buffer = io.BytesIO()
-    torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}, buffer)
-    return buffer.tell()
+    return CheckpointStore(RunLayout(cfg.run_url).checkpoints, full_every=cfg.storage.full_every)
 
 
 def _summary(store: CheckpointStore, version: int) -> dict:
@@ -37,7 +28,7 @@ def _summary(store: CheckpointStore, version: int) -> dict:
             "env_steps": store.manifest(version)["meta"]["env_steps"]}
 
 
-def commit_initial(cfg: RunConfig, learner_state: dict[str, np.ndarray]) -> dict:
+def commit_initial(cfg: RunConfig, learner_state: Tensors) -> dict:
     """Version 0 (the seeded learner; envs start fresh from the seed), unless the run already has versions."""
     store = _store(cfg)
     latest = store.latest()
@@ -58,7 +49,7 @@ def commit_iteration(cfg: RunConfig, iteration: int, version: int, staged: str, 
                            f"version of {cfg.run_url} is {latest}; rerun the flow to continue from {latest}")
     tensors, _ = read_tensors(staged)
     env_parts = [read_tensors(uri)[0] for uri in experience]
-    for key in (k for k in env_parts[0] if k.startswith(ENV_PREFIX)):
+    for key in (k for k in env_parts[0] if k.startswith(ENV_STATE_PREFIX)):
         tensors[key] = np.concatenate([part[key] for part in env_parts], axis=0)
     parent_meta = store.manifest(version)["meta"]
     steps = parent_meta["env_steps"] + cfg.batch_size
@@ -68,24 +59,3 @@ def commit_iteration(cfg: RunConfig, iteration: int, version: int, staged: str, 
     fs, path = fsspec.core.url_to_fs(RunLayout(cfg.run_url).iteration(iteration))
     fs.rm(path, recursive=True)  # the committed version now holds everything the step outputs carried
     return summary
-
-
-def storage_report(cfg: RunConfig) -> dict:
-    """What the run's checkpoints cost: per-version encoded sizes against raw and `torch.save` sizes."""
-    store = _store(cfg)
-    versions = store.versions()
-    if not versions:
-        return {"versions": 0, "env_steps": 0, "stored_bytes": 0}
-    latest = versions[-1]
-    reports = [store.size_report(v) for v in versions]
-    fs, path = fsspec.core.url_to_fs(RunLayout(cfg.run_url).checkpoints)
-    return {
-        "versions": len(versions),
-        "latest_version": latest,
-        "env_steps": store.manifest(latest)["meta"]["env_steps"],
-        "stored_bytes": int(fs.du(path)),
-        "latest_raw_bytes": reports[-1]["raw_bytes"],
-        "latest_encoded_bytes": reports[-1]["encoded_bytes"],
-        "mean_encoded_bytes": int(sum(r["encoded_bytes"] for r in reports) / len(reports)),
-        "latest_torch_save_bytes": torch_save_bytes(store.load(latest).tensors),
-    }

@@ -18,9 +18,7 @@ import ray
 
 from rl_core.config import RunConfig
 from rl_core.runtime.env_worker import EnvWorker
-from rl_core.runtime.local_ray import actor_options, ensure_ray
-
-NAME_RELEASE_TIMEOUT_S = 10.0  # how long a killed actor's name may linger before its replacement takes it
+from rl_core.runtime.local_ray import actor_options, ensure_ray, wait_until_names_free
 
 
 class EnvWorkerDied(RuntimeError):
@@ -40,10 +38,10 @@ class EnvWorkerPool:
     """The run's env workers: `simulate` fans one iteration out to all of them."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        ensure_ray(cfg.num_workers + cfg.num_ranks)
+        ensure_ray(cfg.env.num_workers + cfg.num_ranks)
         self.cfg = cfg
-        self.total_envs = cfg.num_workers * cfg.envs_per_worker
-        self.num_workers = cfg.num_workers
+        self.total_envs = cfg.env.num_envs
+        self.num_workers = cfg.env.num_workers
         self._split = env_split(self.total_envs, self.num_workers)
         self._actors: dict[int, ray.actor.ActorHandle] = {}
 
@@ -125,14 +123,7 @@ class EnvWorkerPool:
             actor = self._actors.pop(index, None)
             if actor is not None:
                 ray.kill(actor, no_restart=True)
-        deadline = time.monotonic() + NAME_RELEASE_TIMEOUT_S
-        for name in names:
-            while time.monotonic() < deadline:
-                try:
-                    ray.get_actor(name)
-                except ValueError:
-                    break
-                time.sleep(0.05)
+        wait_until_names_free(names)
 
     def shutdown(self) -> None:
         """Stop this pool's actors."""

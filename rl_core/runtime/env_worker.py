@@ -1,4 +1,4 @@
-"""An env worker: a batch of envs plus the policy that acts in them; one per Ray actor.
+"""An env worker: a batch of envs plus the policy that acts in them (no learner); one per Ray actor.
 
 The worker remembers which checkpoint version its envs and policy correspond to. When asked to
 simulate from another version (a retry, a resume in a new process, a replaced actor) it restores
@@ -9,24 +9,18 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-import ray
 import torch
 
-from rl_core.algos.evaluation import evaluate_learner
-from rl_core.algos.learner import PPOLearner, policy_sha256
-from rl_core.algos.rollout import collect_rollout
+from rl_core.algos.base import algorithm_of, build_policy, env_spaces, policy_sha256
+from rl_core.algos.batches import ENV_STATE_PREFIX
+from rl_core.algos.evaluation import evaluate_policy
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout, write_tensors
 from rl_core.envs import make_batch
 from rl_core.runtime.faults import maybe_fail
-from rl_core.seeding import action_noise
+from rl_core.threads import ENV_WORKER_THREADS
 
-ENV_PREFIX = "env."
-ENV_WORKER_THREADS = 1
-"""torch threads per env worker: workers share the cores, and a rollout step's tiny policy batch gains nothing from
-more. Kernels for the rollout's policy forward are tuned at this thread count, since winners are looked up by it."""
 COMMIT_WAIT_S = 600.0  # longer than any update and commit; past it the flow has surely failed
 
 
@@ -46,12 +40,14 @@ class EnvWorker:
     def __init__(self, config_json: str, worker_index: int, envs: tuple[int, int] | None = None) -> None:
         torch.set_num_threads(ENV_WORKER_THREADS)
         self.cfg = RunConfig.model_validate_json(config_json)
+        self.algorithm = algorithm_of(self.cfg)
         self.worker_index = worker_index
-        self.env_offset, self.num_envs = envs or (worker_index * self.cfg.envs_per_worker, self.cfg.envs_per_worker)
+        per_worker = self.cfg.env.envs_per_worker
+        self.env_offset, self.num_envs = envs or (worker_index * per_worker, per_worker)
         self.layout = RunLayout(self.cfg.run_url)
-        self.store = CheckpointStore(self.layout.checkpoints, full_every=self.cfg.full_every)
+        self.store = CheckpointStore(self.layout.checkpoints, full_every=self.cfg.storage.full_every)
         self._new_envs()
-        self.learner = PPOLearner(self.env.obs_dim, self.env.action_dim, self.cfg.ppo, self.cfg.seed)
+        self.policy = build_policy(self.cfg, env_spaces(self.cfg))
         self.policy_version: int | None = None
 
     def assign(self, envs: tuple[int, int]) -> None:
@@ -62,13 +58,16 @@ class EnvWorker:
 
     def ping(self) -> dict:
         """Liveness, where the worker runs and what it holds: for the pool's health check."""
+        import ray
+
         return {"worker": self.worker_index, "node": ray.get_runtime_context().get_node_id(),
                 "envs": [self.env_offset, self.num_envs], "env_version": self.env_version}
 
     def _new_envs(self) -> None:
         """Fresh envs: by definition the env state of version 0."""
-        self.env = make_batch(self.cfg.env, self.num_envs, self.cfg.seed, self.env_offset, self.cfg.randomization)
-        self.discounted_return = np.zeros(self.num_envs)
+        self.env = make_batch(self.cfg.env.name, self.num_envs, self.cfg.seed, self.env_offset,
+                              self.cfg.env.randomization)
+        self.carry = self.algorithm.initial_carry(self.num_envs)
         self.env_version: int | None = 0
 
     def _sync(self, version: int, policy_version: int) -> None:
@@ -77,7 +76,7 @@ class EnvWorker:
         loaded = None
         if self.policy_version != policy_version:
             loaded = self.store.load(policy_version)
-            self.learner.load_policy(loaded.tensors)
+            self.policy.load_state(loaded.tensors)
             self.policy_version = policy_version
         if self.env_version == version:
             return
@@ -88,10 +87,11 @@ class EnvWorker:
             self._wait_until_committed(version)
         snapshot = loaded if policy_version == version and loaded is not None else self.store.load(version)
         rows = slice(self.env_offset, self.env_offset + self.num_envs)
-        env_state = {k[len(ENV_PREFIX):]: v[rows] for k, v in snapshot.tensors.items() if k.startswith(ENV_PREFIX)}
+        env_state = {k[len(ENV_STATE_PREFIX):]: v[rows] for k, v in snapshot.tensors.items()
+                     if k.startswith(ENV_STATE_PREFIX)}
         if not env_state:
             raise RuntimeError(f"checkpoint version {version} of {self.cfg.run_url} holds no env state")
-        self.discounted_return = env_state.pop("discounted_return").copy()
+        self.carry = {name: env_state.pop(name).copy() for name in self.carry}
         self.env.set_state(env_state)
         self.env_version = version
 
@@ -111,24 +111,19 @@ class EnvWorker:
         write experience and end env state; return a summary."""
         self._sync(version, acting_version(self.cfg, version))
         self.env_version = None  # the envs are mid-change until the shard is written
-        noise = action_noise(self.cfg.seed, iteration, self.env_offset, self.num_envs, self.cfg.rollout_steps,
-                             self.env.action_dim)
-        arrays, info = collect_rollout(
-            self.env, self.learner, self.cfg.rollout_steps, self.cfg.ppo.gamma, self.discounted_return, noise
-        )
+        arrays, meta = self.algorithm.collect(self.cfg, self.policy, self.env, self.carry, iteration,
+                                              self.env_offset)
         maybe_fail("simulate.rollout_end", iteration=iteration, worker=self.worker_index)
-        env_state = self.env.get_state()
-        env_state["discounted_return"] = self.discounted_return.copy()
-        arrays.update({ENV_PREFIX + k: v for k, v in env_state.items()})
+        env_state = {**self.env.get_state(), **{k: v.copy() for k, v in self.carry.items()}}
+        arrays.update({ENV_STATE_PREFIX + k: v for k, v in env_state.items()})
         uri = self.layout.experience(iteration, self.worker_index)
-        meta = {"iteration": iteration, "version": version, "reward_scale": self.learner.reward_scale(), **info}
-        size = write_tensors(uri, arrays, meta)
+        size = write_tensors(uri, arrays, {"iteration": iteration, "version": version, **meta})
         self.env_version = version + 1
-        return {"uri": uri, "bytes": size, **info}
+        return {"uri": uri, "bytes": size, **meta}
 
     def evaluate(self, version: int, episodes: int) -> dict:
         """Mean undiscounted return of `episodes` full episodes: the deterministic policy and a uniform-random one."""
         snapshot = self.store.load(version)
-        self.learner.load_policy(snapshot.tensors)
+        self.policy.load_state(snapshot.tensors)
         self.policy_version = version
-        return {**evaluate_learner(self.cfg, self.learner, episodes), "policy_sha256": policy_sha256(snapshot.tensors)}
+        return {**evaluate_policy(self.cfg, self.policy, episodes), "policy_sha256": policy_sha256(snapshot.tensors)}

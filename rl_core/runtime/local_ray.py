@@ -1,23 +1,27 @@
 """Start or join Ray, keeping a machine-local Ray on 127.0.0.1.
 
 A local Ray otherwise advertises the machine's network address and listens on every interface. With
-`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` (read when `ray` is first imported; despite its name it applies
-on Linux) it uses 127.0.0.1 for everything. We set it only when no cluster is named in `RAY_ADDRESS`.
+`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` (despite its name it applies on Linux) it uses 127.0.0.1 for everything.
+`ensure_ray` applies that and the other local defaults (`LOCAL_RAY_DEFAULTS`) right before it starts a local Ray,
+and only then: importing this package changes nothing, and a cluster named in `RAY_ADDRESS` is joined as it is.
 """
 from __future__ import annotations
 
 import os
+import time
 
-if not os.environ.get("RAY_ADDRESS"):
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# Ray starts workers at nice 15; here the workers *are* the job, and niced they lose the cores to the
-# driver and the Prefect API whenever the machine is busy.
-os.environ.setdefault("RAY_worker_niceness", "0")
+import ray
 
-import ray  # noqa: E402  (must follow the environment set-up above)
+from rl_core.runtime.faults import gymflow_env_vars
 
-from rl_core.runtime.faults import gymflow_env_vars  # noqa: E402
+LOCAL_RAY_DEFAULTS = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # loopback only (see the module docstring)
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # Ray starts workers at nice 15; here the workers *are* the job, and niced they lose the cores to the driver
+    # and the Prefect API whenever the machine is busy.
+    "RAY_worker_niceness": "0",
+}
+"""Environment a local Ray starts with (each a default: what the operator exported wins)."""
 
 _inherited_env: dict[str, str] | None = None
 """GYMFLOW_* settings the workers of the local Ray this process started inherit (None: not a Ray of ours)."""
@@ -35,9 +39,25 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(namespace="gymflow", log_to_driver=False)
         return
+    use_local_ray_defaults()
     cpus = max(os.cpu_count() or 1, num_cpus or 0)
     ray.init(num_cpus=cpus, namespace="gymflow", include_dashboard=False, log_to_driver=False)
     _inherited_env = gymflow_env_vars()  # a local Ray's workers start with this process's environment
+
+
+def use_local_ray_defaults() -> None:
+    """Set `LOCAL_RAY_DEFAULTS` in this process's environment, which a local Ray's processes inherit.
+
+    Ray reads the loopback switch into a module constant when it is imported, and the driver's own address
+    choice uses that constant, so it is updated too when it was read before the variable was set: the result
+    does not depend on whether anything imported ray first.
+    """
+    for name, value in LOCAL_RAY_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    from ray._common.utils import env_bool
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = env_bool(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, True)
 
 
 def actor_options() -> dict:
@@ -47,6 +67,22 @@ def actor_options() -> dict:
     of a new one for the runtime_env, about 0.4 s sooner per actor here."""
     env = gymflow_env_vars()
     return {} if env == _inherited_env else {"runtime_env": {"env_vars": env}}
+
+
+NAME_RELEASE_TIMEOUT_S = 10.0  # how long a killed actor's name may linger before its replacement takes it
+
+
+def wait_until_names_free(names: list[str]) -> None:
+    """Wait (up to NAME_RELEASE_TIMEOUT_S in all) until killed actors' names are free: `ray.kill` is asynchronous,
+    and an actor created under a lingering name with `get_if_exists` would be the dying one."""
+    deadline = time.monotonic() + NAME_RELEASE_TIMEOUT_S
+    for name in names:
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                break
+            time.sleep(0.05)
 
 
 def kill_local_ray_of(driver_pid: int) -> list[int]:

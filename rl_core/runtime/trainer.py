@@ -1,4 +1,4 @@
-"""One rank of the trainer group: PPO updates with gradients averaged over a torch.distributed group.
+"""One rank of the trainer group: the learner's updates with gradients averaged over a torch.distributed group.
 
 Like env workers, a rank remembers which checkpoint version its learner holds and restores from the
 store when asked to train from another, so retried and resumed steps start from committed state.
@@ -11,21 +11,17 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from rl_core.algos.learner import TRAINER_THREADS, PPOLearner
-from rl_core.algos.ppo import RolloutBatch, decoupled, ppo_update, summarize_epochs
+from rl_core.algos.base import Epochs, Tensors, UpdateHooks, build_learner
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout, read_tensors, write_tensors
-from rl_core.envs import make_batch
-from rl_core.policies.normalizer import Moments
 from rl_core.runtime.faults import maybe_fail
-from rl_core.seeding import derive_seed
+from rl_core.threads import TRAINER_THREADS
 
 
 class TrainerRank:
@@ -36,9 +32,8 @@ class TrainerRank:
         self.cfg = RunConfig.model_validate_json(config_json)
         self.rank, self.world_size = rank, world_size
         self.layout = RunLayout(self.cfg.run_url)
-        self.store = CheckpointStore(self.layout.checkpoints, full_every=self.cfg.full_every)
-        probe = make_batch(self.cfg.env, 1, seed=0)  # only for the observation and action sizes
-        self.learner = PPOLearner(probe.obs_dim, probe.action_dim, self.cfg.ppo, self.cfg.seed)
+        self.store = CheckpointStore(self.layout.checkpoints, full_every=self.cfg.storage.full_every)
+        self.learner = build_learner(self.cfg)
         self.learner_version: int | None = None
         self._completed: tuple[int, int, dict[str, float]] | None = None  # (iteration, version, metrics)
 
@@ -61,12 +56,12 @@ class TrainerRank:
             self.learner.load_state(self.store.load(version).tensors)
             self.learner_version = version
 
-    def initial_state(self) -> dict[str, np.ndarray]:
+    def initial_state(self) -> Tensors:
         """The seeded learner state of a new run (version 0)."""
         return self.learner.state()
 
     def train(self, iteration: int, version: int) -> dict:
-        """PPO epochs on iteration's scored batch, from checkpoint `version`; rank 0 stages the result.
+        """The learner's update on iteration's scored batch, from checkpoint `version`; rank 0 stages the result.
 
         Asked again for an update it already finished (its sibling rank failed after it), a rank
         returns the same result without training twice.
@@ -75,56 +70,42 @@ class TrainerRank:
             return self._completed[2]
         self._sync(version)
         self.learner_version = None  # mid-update until it completes
-        arrays, _ = read_tensors(self.layout.scored(iteration))
-        batch = RolloutBatch.from_scored(arrays)
-        if self.cfg.overlap:  # collected one update ago; anchored on the weights of `version`, before any resume
-            batch = decoupled(self.learner.model, batch)
-        progress = CheckpointStore(self.layout.train_progress(iteration), full_every=self.cfg.full_every)
-        history = self._restore_progress(progress, iteration, version)
-        resumed_epochs = len(history)
-        if not (history and history[-1]["early_stop"]) and len(history) < self.cfg.ppo.update_epochs:
-            history += self._update(progress, iteration, version, batch, done=history)
-        self.learner.update_statistics(
-            Moments(float(arrays["obs_moments.count"]), arrays["obs_moments.mean"], arrays["obs_moments.m2"]),
-            Moments(float(arrays["ret_moments.count"]), arrays["ret_moments.mean"], arrays["ret_moments.m2"]),
+        batch, _ = read_tensors(self.layout.scored(iteration))
+        progress = CheckpointStore(self.layout.train_progress(iteration), full_every=self.cfg.storage.full_every)
+        hooks = UpdateHooks(
+            rank=self.rank, world_size=self.world_size,
+            all_reduce_mean=self._all_reduce_mean if self.world_size > 1 else lambda _: None,
+            resume=lambda: self._restore_progress(progress, iteration, version),
+            on_epoch_end=self._progress_saver(progress, iteration, version),
         )
+        metrics = self.learner.update(batch, iteration, hooks)
         if self.rank == 0:
             write_tensors(self.layout.staged_learner(iteration), self.learner.state(),
                           {"iteration": iteration, "parent_version": version})
-        metrics = summarize_epochs(history)
-        metrics["epochs_resumed"] = float(resumed_epochs)  # > 0: this attempt continued a failed one
         self.learner_version = version + 1
         self._completed = (iteration, version, metrics)
         return metrics
 
-    def _update(self, progress: CheckpointStore, iteration: int, version: int, batch: RolloutBatch,
-                done: list[dict[str, float]]) -> list[dict[str, float]]:
-        cfg = self.cfg.ppo
-        frac = 1.0 - iteration / self.cfg.iterations if cfg.anneal_lr else 1.0
-        history = list(done)
+    def _progress_saver(self, progress: CheckpointStore, iteration: int, version: int
+                        ) -> Callable[[Epochs, bool], None]:
+        """on_epoch_end: rank 0 saves the learner every `epoch_checkpoint_every` epochs once
+        `epoch_checkpoint_min_s` passed since the update started or last saved (never after the last epoch:
+        the staged result follows); every rank passes the fault-injection point."""
+        storage = self.cfg.storage
         last_save = time.monotonic()
 
-        def on_epoch_end(metrics: dict[str, float]) -> None:
+        def on_epoch_end(epochs: Epochs, last: bool) -> None:
             nonlocal last_save
-            history.append(metrics)
-            every = self.cfg.epoch_checkpoint_every
-            last = len(history) == cfg.update_epochs or metrics["early_stop"]
-            waited = time.monotonic() - last_save >= self.cfg.epoch_checkpoint_min_s
-            due = every and len(history) % every == 0 and waited
+            waited = time.monotonic() - last_save >= storage.epoch_checkpoint_min_s
+            due = storage.epoch_checkpoint_every and len(epochs) % storage.epoch_checkpoint_every == 0 and waited
             if self.rank == 0 and due and not last:
-                progress.commit(self.learner.state(), {"iteration": iteration, "version": version, "history": history})
+                progress.commit(self.learner.state(), {"iteration": iteration, "version": version, "history": epochs})
                 last_save = time.monotonic()
-            maybe_fail("train.epoch_end", iteration=iteration, rank=self.rank, epoch=int(metrics["epoch"]))
+            maybe_fail("train.epoch_end", iteration=iteration, rank=self.rank, epoch=int(epochs[-1]["epoch"]))
 
-        return ppo_update(
-            self.learner.model, self.learner.optimizer, batch, cfg,
-            generator_seed=derive_seed(self.cfg.seed, iteration, 7), learning_rate=cfg.learning_rate * max(frac, 0.0),
-            rank=self.rank, world_size=self.world_size,
-            all_reduce_mean=self._all_reduce_mean if self.world_size > 1 else lambda _: None,
-            start_epoch=len(done), on_epoch_end=on_epoch_end,
-        )
+        return on_epoch_end
 
-    def _restore_progress(self, progress: CheckpointStore, iteration: int, version: int) -> list[dict[str, Any]]:
+    def _restore_progress(self, progress: CheckpointStore, iteration: int, version: int) -> Epochs:
         """Epoch history of a partly done update of (iteration, version), with the learner restored to it."""
         if progress.latest() is None:
             return []

@@ -15,7 +15,7 @@ import numpy as np
 import ray
 
 from rl_core.config import RunConfig
-from rl_core.runtime.local_ray import actor_options, ensure_ray
+from rl_core.runtime.local_ray import actor_options, ensure_ray, wait_until_names_free
 from rl_core.runtime.trainer import TrainerRank
 
 
@@ -33,7 +33,7 @@ class TrainerGroup:
     """The run's trainer ranks; `train(k, ...)` runs rank k's share of one iteration's update."""
 
     def __init__(self, cfg: RunConfig, master_addr: str = "127.0.0.1") -> None:
-        ensure_ray(cfg.num_workers + cfg.num_ranks)
+        ensure_ray(cfg.env.num_workers + cfg.num_ranks)
         self.cfg = cfg
         self.master_addr = master_addr
         self._ranks: list[ray.actor.ActorHandle] = []
@@ -48,9 +48,15 @@ class TrainerGroup:
             if not self._ranks and not self._booting:
                 self._booting = self._create_ranks()
 
+    def _names(self) -> list[str]:
+        """Ranks are named after the run, so a group created ahead (the command line starts the actors while
+        Prefect's API starts) is the one the flow's steps find."""
+        return [f"gymflow-{self.cfg.run_name}-rank-{k}-of-{self.cfg.num_ranks}" for k in range(self.cfg.num_ranks)]
+
     def _create_ranks(self) -> list[ray.actor.ActorHandle]:
-        remote = ray.remote(num_cpus=1)(TrainerRank).options(**actor_options())
-        return [remote.remote(self.cfg.model_dump_json(), k, self.cfg.num_ranks) for k in range(self.cfg.num_ranks)]
+        config = self.cfg.model_dump_json()
+        return [ray.remote(num_cpus=1)(TrainerRank).options(name=name, get_if_exists=True, **actor_options())
+                .remote(config, k, self.cfg.num_ranks) for k, name in enumerate(self._names())]
 
     def _ensure(self) -> list[ray.actor.ActorHandle]:
         with self._lock:
@@ -94,6 +100,7 @@ class TrainerGroup:
             ray.kill(r, no_restart=True)
         self._ranks, self._booting = [], []
         self._launch = None
+        wait_until_names_free(self._names())  # the next group must be new actors, not the dying ones
 
     def shutdown(self) -> None:
         """Stop the ranks (the process group goes with them)."""

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from rl_core.checkpoint import CheckpointStore, ManifestCorruptError, Manifest
+from rl_core.checkpoint import CheckpointStore, Manifest, ManifestCorruptError
 from rl_core.checkpoint.codec import (
     ChunkBytes,
     CodecSpec,

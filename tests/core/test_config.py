@@ -3,16 +3,17 @@ from __future__ import annotations
 
 import pytest
 
-from rl_core.config import ConfigError, build_config
+from rl_core.config import ConfigError
+from rl_core.run_presets import build_config
 
 
 @pytest.mark.parametrize(
     ("overrides", "field", "allowed"),
     [
         ({"iterations": -3}, "iterations", "greater than or equal to 1"),
-        ({"env": "Nope-v0"}, "env", "allowed: Ant-v5, HalfCheetah-v5, Hopper-v5"),
+        ({"env": "Nope-v0"}, "env.name (--env)", "allowed: Ant-v5, HalfCheetah-v5, Hopper-v5"),
         ({"num_ranks": 0}, "num_ranks", "greater than or equal to 1"),
-        ({"store": "ftp://host/x"}, "store", "allowed: file, memory, s3"),
+        ({"store": "ftp://host/x"}, "storage.url (--store)", "allowed: file, memory, s3"),
         ({"run_name": "a b/c"}, "run_name", "letters, digits"),
     ],
 )
@@ -33,12 +34,41 @@ def test_minibatch_must_split_evenly_over_ranks() -> None:
 
 
 def test_preset_then_overrides() -> None:
-    cfg = build_config("tiny", run_name="r", iterations=5, ppo={"learning_rate": 1e-3})
-    assert cfg.iterations == 5 and cfg.rollout_steps == 16
-    assert cfg.ppo.learning_rate == 1e-3 and cfg.ppo.minibatch_size == 32
+    cfg = build_config("tiny", run_name="r", iterations=5, hyperparameters={"learning_rate": 1e-3})
+    assert cfg.iterations == 5 and cfg.env.rollout_steps == 16
+    assert cfg.algorithm.learning_rate == 1e-3 and cfg.algorithm.minibatch_size == 32
 
 
 def test_file_store_becomes_absolute(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     cfg = build_config("tiny", run_name="r", store="runs")
     assert cfg.run_url == f"file://{tmp_path}/runs/r"
+
+
+def test_every_scalar_field_is_a_launch_option_and_nests_where_it_belongs() -> None:
+    """The flow's parameters and the CLI's flags come from the models: a field added there is an option."""
+    from rl_core.config import EnvConfig, RunConfig, StorageConfig
+    from rl_core.launch_options import launch_options, nest_options
+
+    options = launch_options()
+    paths = {o.path for o in options.values() if o.path}
+    for prefix, model in (((), RunConfig), (("env",), EnvConfig), (("storage",), StorageConfig)):
+        scalar = {f for f, info in model.model_fields.items() if f not in RunConfig.SECTIONS and f != "randomization"}
+        assert {(*prefix, f) for f in scalar} <= paths, model.__name__
+    assert options["env"].path == ("env", "name") and options["store"].path == ("storage", "url")
+    assert nest_options({"env": "Hopper-v5", "seed": 3, "store": None}) == {"env": {"name": "Hopper-v5"}, "seed": 3}
+    with pytest.raises(ConfigError, match="unknown launch option envs; known: preset"):
+        build_config("tiny", run_name="r", envs="Hopper-v5")
+
+
+def test_a_config_in_the_flat_layout_reads_as_the_sectioned_one() -> None:
+    """run.json and checkpoint meta written before the sections existed (flat fields, `ppo`) still load."""
+    from rl_core.config import RunConfig
+
+    cfg = build_config("tiny", run_name="old", env="Hopper-v5", store="memory://x", hyperparameters={"gamma": 0.9})
+    flat = {"run_name": "old", "seed": 0, "iterations": 2, "num_ranks": 2, "overlap": False, "eval_episodes": 1,
+            "collective_timeout_s": 120.0, "env_module": None, "env": "Hopper-v5", "randomization": None,
+            "num_workers": 2, "envs_per_worker": 4, "rollout_steps": 16, "store": "memory://x", "full_every": 8,
+            "epoch_checkpoint_every": 1, "epoch_checkpoint_min_s": 0.0,
+            "ppo": {k: v for k, v in cfg.algorithm.model_dump(mode="json").items() if k != "name"}}
+    assert RunConfig.model_validate(flat) == cfg

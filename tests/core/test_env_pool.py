@@ -8,22 +8,22 @@ import numpy as np
 import pytest
 import ray
 
-from rl_core.algos.learner import PPOLearner
-from rl_core.config import build_config
+from rl_core.algos.base import build_learner
 from rl_core.data import RunLayout, read_tensors, write_tensors
+from rl_core.run_presets import build_config
+from rl_core.runtime.commits import commit_initial, commit_iteration
 from rl_core.runtime.env_pool import EnvWorkerDied, EnvWorkerPool, env_split
-from rl_core.runtime.versions import commit_initial, commit_iteration
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
 
 
 def _iteration_zero(tmp_path, name: str) -> tuple[EnvWorkerPool, object]:
     cfg = build_config("tiny", run_name=name, store=f"file://{tmp_path}", num_ranks=1)
-    commit_initial(cfg, PPOLearner(17, 6, cfg.ppo, cfg.seed).state())
+    commit_initial(cfg, build_learner(cfg).state())
     pool = EnvWorkerPool(cfg)
     parts = pool.simulate(0, 0)
     staged = RunLayout(cfg.run_url).staged_learner(0)
-    write_tensors(staged, PPOLearner(17, 6, cfg.ppo, cfg.seed).state())
+    write_tensors(staged, build_learner(cfg).state())
     commit_iteration(cfg, 0, 0, staged, [p["uri"] for p in parts])
     return pool, cfg
 

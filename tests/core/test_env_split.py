@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from rl_core.algos.train_loop import train_in_process
-from rl_core.config import build_config
+from rl_core.run_presets import build_config
 from rl_core.seeding import action_noise
 
 

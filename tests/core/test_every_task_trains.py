@@ -9,35 +9,28 @@ import numpy as np
 import pytest
 import torch
 
-from rl_core.algos.advantages import score_experience
-from rl_core.algos.learner import PPOLearner
-from rl_core.algos.ppo import RolloutBatch, ppo_update, summarize_epochs
-from rl_core.algos.rollout import collect_rollout
-from rl_core.config import PPOConfig
+from rl_core.algos.base import algorithm_of, build_learner
 from rl_core.envs import make_batch, task_names
-from rl_core.seeding import action_noise
+from rl_core.run_presets import build_config
 
-NUM_ENVS, STEPS = 4, 16
-CFG = PPOConfig(update_epochs=1, minibatch_size=32)
+NUM_ENVS, STEPS = 4, 16  # the tiny preset's envs per worker and steps
 
 
 @pytest.mark.parametrize("name", task_names() + ["gym:Pendulum-v1"])
 def test_collect_score_and_update(name: str) -> None:
+    """The phase functions the flow's steps call (collect, score, update) on every task."""
+    cfg = build_config("tiny", run_name="r", env=name, num_workers=1, hyperparameters={"update_epochs": 1})
+    algorithm, learner = algorithm_of(cfg), build_learner(cfg)
     env = make_batch(name, NUM_ENVS, seed=0)
-    learner = PPOLearner(env.obs_dim, env.action_dim, CFG, seed=0)
-    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
-    noise = action_noise(0, 0, 0, NUM_ENVS, STEPS, env.action_dim)
-    arrays, info = collect_rollout(env, learner, STEPS, CFG.gamma, np.zeros(NUM_ENVS), noise)
+    before = {k: v.clone() for k, v in learner.policy.model.state_dict().items()}
+    arrays, meta = algorithm.collect(cfg, learner.policy, env, algorithm.initial_carry(NUM_ENVS), 0, 0)
     assert arrays["obs"].shape == (STEPS, NUM_ENVS, env.obs_dim)
     assert arrays["actions"].shape == (STEPS, NUM_ENVS, env.action_dim)
-    assert np.isfinite(arrays["rewards"]).all() and info["env_steps"] == STEPS * NUM_ENVS
+    assert np.isfinite(arrays["rewards"]).all() and meta["env_steps"] == STEPS * NUM_ENVS
 
-    scored = score_experience([arrays], 1.0, CFG.gamma, CFG.gae_lambda)
-    batch = RolloutBatch.from_scored(scored)
-    metrics = summarize_epochs(ppo_update(learner.model, learner.optimizer, batch, CFG, generator_seed=0,
-                                          learning_rate=CFG.learning_rate))
+    metrics = learner.update(algorithm.score(cfg, [arrays], [meta]), 0)
     assert np.isfinite(list(metrics.values())).all()
-    after = learner.model.state_dict()
+    after = learner.policy.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), f"{name}: the update changed nothing"
 
 

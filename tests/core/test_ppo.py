@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from rl_core.algos.base import UpdateHooks
 from rl_core.algos.ppo import RolloutBatch, ppo_loss, ppo_update, summarize_epochs
 from rl_core.config import PPOConfig
 from rl_core.data import read_tensors, write_tensors
@@ -51,20 +52,21 @@ def test_update_resumed_at_an_epoch_boundary_is_bit_identical() -> None:
     resumed_model, resumed_opt, _ = _setup()
     saved: dict = {}
 
-    def stop_after_first(_: dict) -> None:
+    def stop_after_first(epochs: list, last: bool) -> None:
         saved["model"] = {k: v.clone() for k, v in resumed_model.state_dict().items()}
         saved["opt"] = resumed_opt.state_dict()
+        saved["epochs"] = list(epochs)
         raise KeyboardInterrupt  # the "failure" right after the epoch's checkpoint
 
     try:
         ppo_update(resumed_model, resumed_opt, batch, CFG, generator_seed=5, learning_rate=1e-3,
-                   on_epoch_end=stop_after_first)
+                   hooks=UpdateHooks(on_epoch_end=stop_after_first))
     except KeyboardInterrupt:
         pass
     fresh_model, fresh_opt, _ = _setup(seed=9)  # a new process: other initial weights, then restored
     fresh_model.load_state_dict(saved["model"])
     fresh_opt.load_state_dict(saved["opt"])
-    ppo_update(fresh_model, fresh_opt, batch, CFG, generator_seed=5, learning_rate=1e-3, start_epoch=1)
+    ppo_update(fresh_model, fresh_opt, batch, CFG, generator_seed=5, learning_rate=1e-3, done=saved["epochs"])
     for name, value in model.state_dict().items():
         assert torch.equal(value, fresh_model.state_dict()[name]), name
 
@@ -89,7 +91,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
 
     model, optimizer, batch = _setup()
     ppo_update(model, optimizer, batch, CFG, generator_seed=0, learning_rate=3e-4,
-               rank=rank, world_size=world, all_reduce_mean=all_reduce_mean)
+               hooks=UpdateHooks(rank=rank, world_size=world, all_reduce_mean=all_reduce_mean))
     write_tensors(f"file://{out_dir}/rank{rank}.safetensors",
                   {k: v.detach().numpy() for k, v in model.state_dict().items()})
     dist.destroy_process_group()

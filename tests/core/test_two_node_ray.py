@@ -43,13 +43,13 @@ cluster.shutdown()
 """
 DRIVER = """
 import json, sys
-from rl_core.algos.learner import PPOLearner
-from rl_core.config import build_config
+from rl_core.algos.base import build_learner
+from rl_core.run_presets import build_config
 from rl_core.runtime.env_pool import EnvWorkerPool
-from rl_core.runtime.versions import commit_initial
+from rl_core.runtime.commits import commit_initial
 
 cfg = build_config("tiny", run_name="two-node", store=sys.argv[1], num_ranks=1)
-commit_initial(cfg, PPOLearner(17, 6, cfg.ppo, cfg.seed).state())
+commit_initial(cfg, build_learner(cfg).state())
 pool = EnvWorkerPool(cfg)
 parts = pool.simulate(0, 0)
 print(json.dumps({"nodes": pool.nodes(), "env_steps": sum(p["env_steps"] for p in parts)}))

@@ -10,13 +10,13 @@ import uuid
 import numpy as np
 import pytest
 
-from rl_core.algos.learner import PPOLearner
+from rl_core.algos.base import build_learner
 from rl_core.checkpoint import CheckpointStore
-from rl_core.config import build_config
 from rl_core.data import RunLayout, read_tensors, write_tensors
+from rl_core.run_presets import build_config
+from rl_core.runtime.commits import commit_initial, commit_iteration
 from rl_core.runtime.env_worker import EnvWorker
 from rl_core.runtime.trainer import TrainerRank
-from rl_core.runtime.versions import commit_initial, commit_iteration
 from tasks.score import score
 
 
@@ -26,7 +26,7 @@ def cfg():
 
 
 def _start_run(cfg) -> None:
-    commit_initial(cfg, PPOLearner(17, 6, cfg.ppo, cfg.seed).state())
+    commit_initial(cfg, build_learner(cfg).state())
 
 
 def test_simulate_after_restore_equals_simulate_in_memory(cfg) -> None:
@@ -34,7 +34,7 @@ def test_simulate_after_restore_equals_simulate_in_memory(cfg) -> None:
     layout = RunLayout(cfg.run_url)
     worker = EnvWorker(cfg.model_dump_json(), 0)
     first = worker.simulate(0, 0)
-    write_tensors(layout.staged_learner(0), PPOLearner(17, 6, cfg.ppo, cfg.seed).state())
+    write_tensors(layout.staged_learner(0), build_learner(cfg).state())
     commit_iteration(cfg, 0, 0, layout.staged_learner(0), [first["uri"]])
 
     in_memory = read_tensors(worker.simulate(1, 1)["uri"])[0]
@@ -48,7 +48,7 @@ def test_commit_iteration_is_idempotent_and_checks_lineage(cfg) -> None:
     _start_run(cfg)
     layout = RunLayout(cfg.run_url)
     sim = EnvWorker(cfg.model_dump_json(), 0).simulate(0, 0)
-    write_tensors(layout.staged_learner(0), PPOLearner(17, 6, cfg.ppo, cfg.seed).state())
+    write_tensors(layout.staged_learner(0), build_learner(cfg).state())
     first = commit_iteration(cfg, 0, 0, layout.staged_learner(0), [sim["uri"]])
     again = commit_iteration(cfg, 0, 0, layout.staged_learner(0), [sim["uri"]])
     assert first["version"] == again["version"] == 1

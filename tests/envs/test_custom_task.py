@@ -5,13 +5,14 @@ import gymnasium
 import numpy as np
 import pytest
 
-from rl_core.config import ConfigError, build_config
+from rl_core.config import ConfigError
 from rl_core.envs import Task, get_task, make_batch, register_task
+from rl_core.run_presets import build_config
 
 
 def test_registered_by_importing_its_module_through_the_config() -> None:
     cfg = build_config("tiny", run_name="arm", env_module="examples.reaching_arm", env="ReachingArm-v0")
-    assert cfg.env == "ReachingArm-v0" and get_task("ReachingArm-v0").max_episode_steps == 100
+    assert cfg.env.name == "ReachingArm-v0" and get_task("ReachingArm-v0").max_episode_steps == 100
 
 
 def test_steps_resets_and_round_trips() -> None:
@@ -36,7 +37,7 @@ def test_steps_resets_and_round_trips() -> None:
 
 
 def test_an_unimported_task_module_is_named_in_the_error() -> None:
-    with pytest.raises(ConfigError, match="env_module: .*'examples.no_such_task' could not be imported"):
+    with pytest.raises(ConfigError, match=r"env.module \(--env-module\): .*'examples.no_such_task' could not be"):
         build_config("tiny", run_name="r", env_module="examples.no_such_task", env="ReachingArm-v0")
 
 

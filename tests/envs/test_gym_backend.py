@@ -5,8 +5,9 @@ import gymnasium
 import numpy as np
 import pytest
 
-from rl_core.config import ConfigError, build_config
+from rl_core.config import ConfigError
 from rl_core.envs import GymnasiumBatch, make_batch
+from rl_core.run_presets import build_config
 
 
 def test_matches_plain_gymnasium_envs_across_episode_ends() -> None:
@@ -60,10 +61,10 @@ def test_restore_starts_new_episodes_with_a_warning() -> None:
     ],
 )
 def test_config_refuses_unusable_gym_envs(env: str, message: str) -> None:
-    with pytest.raises(ConfigError, match=f"env: .*{message}"):
+    with pytest.raises(ConfigError, match=f"env.name \\(--env\\): .*{message}"):
         build_config("tiny", run_name="r", env=env)
 
 
 def test_config_refuses_randomizing_a_gym_backend() -> None:
     with pytest.raises(ConfigError, match="randomization applies to native tasks only"):
-        build_config("tiny", run_name="r", env="gym:Pendulum-v1", randomization={"mass": (0.9, 1.1)})
+        build_config("tiny", run_name="r", env="gym:Pendulum-v1", randomize_dynamics=0.1)

@@ -94,7 +94,7 @@ def _state(flow_run_id: str, env: dict) -> str:
 
 
 def _final_policy(run_dir: Path) -> str:
-    from rl_core.algos.learner import policy_sha256
+    from rl_core.algos.base import policy_sha256
     from rl_core.checkpoint import CheckpointStore
 
     return policy_sha256(CheckpointStore(f"file://{run_dir}/checkpoints").load().tensors)

@@ -7,12 +7,12 @@ import fsspec
 import pytest
 
 from flows.evaluate import evaluate_policy
-from rl_core.algos.learner import PPOLearner
+from rl_core.algos.base import build_learner
 from rl_core.checkpoint import VersionNotFoundError
-from rl_core.config import ConfigError, build_config
+from rl_core.config import ConfigError
 from rl_core.data.run_info import open_run
-from rl_core.envs import make_batch
-from rl_core.runtime.versions import commit_initial
+from rl_core.run_presets import build_config
+from rl_core.runtime.commits import commit_initial
 
 
 @pytest.fixture
@@ -20,26 +20,25 @@ def stored_run(tmp_path):
     """A run with version 0 (the seeded learner) committed, made without Ray or a flow."""
     cfg = build_config("tiny", run_name="eval-me", store=f"file://{tmp_path}/runs", env="Hopper-v5")
     open_run(cfg)
-    probe = make_batch(cfg.env, 1, seed=0)
-    commit_initial(cfg, PPOLearner(probe.obs_dim, probe.action_dim, cfg.ppo, cfg.seed).state())
+    commit_initial(cfg, build_learner(cfg).state())
     return cfg
 
 
 def test_evaluate_records_mean_and_std_and_repeats_exactly(stored_run, prefect_api) -> None:
-    first = evaluate_policy("eval-me", stored_run.store, episodes=3)
+    first = evaluate_policy("eval-me", stored_run.storage.url, episodes=3)
     assert first["version"] == 0 and first["episodes"] == 3 and first["env_steps"] == 0
     assert first["final_return_std"] >= 0 and first["final_return"] == first["final_return"]  # finite, not NaN
     fs, path = fsspec.core.url_to_fs(first["record"])
     assert json.loads(fs.cat_file(path))["final_return"] == first["final_return"]
-    again = evaluate_policy("eval-me", stored_run.store, version=0, episodes=3)
+    again = evaluate_policy("eval-me", stored_run.storage.url, version=0, episodes=3)
     assert {k: again[k] for k in ("final_return", "final_return_std", "policy_sha256")} == {
         k: first[k] for k in ("final_return", "final_return_std", "policy_sha256")}
 
 
 def test_unknown_run_version_and_bad_episodes_are_clear_errors(stored_run, prefect_api) -> None:
     with pytest.raises(ConfigError, match="no run 'nope'"):
-        evaluate_policy("nope", stored_run.store)
+        evaluate_policy("nope", stored_run.storage.url)
     with pytest.raises(VersionNotFoundError, match="no version 7"):
-        evaluate_policy("eval-me", stored_run.store, version=7)
+        evaluate_policy("eval-me", stored_run.storage.url, version=7)
     with pytest.raises(ConfigError, match="episodes"):
-        evaluate_policy("eval-me", stored_run.store, episodes=0)
+        evaluate_policy("eval-me", stored_run.storage.url, episodes=0)

@@ -1,7 +1,7 @@
 """A failed run resumes from its last checkpoint and ends bit-identical to a run that never failed.
 
 Faults are injected through GYMFLOW_FAULTS (rl_core/runtime/faults.py), which the flow hands to its Ray
-actors; the SIGKILL test kills a real `python -m flows.train_control` process group mid-iteration.
+actors; the SIGKILL test kills a real `python -m flows.cli train` process group mid-iteration.
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_failed_flow_rerun_skips_completed_steps(tmp_path, monkeypatch, referenc
 def test_sigkill_mid_iteration_then_resume(tmp_path, reference) -> None:
     """SIGKILL the whole flow process group once version 1 is committed; the same command finishes the run."""
     store = f"file://{tmp_path}/runs"
-    cmd = [sys.executable, "-m", "flows.train_control", "--preset", "tiny", "--run-name", "killed",
+    cmd = [sys.executable, "-m", "flows.cli", "train", "--preset", "tiny", "--run-name", "killed",
            "--seed", str(SEED), "--iterations", str(ITERATIONS), "--store", store]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     versions = tmp_path / "runs" / "killed" / "checkpoints" / "versions"

@@ -72,7 +72,7 @@ def test_invalid_config_fails_at_start_and_writes_nothing(tmp_path, bad: dict) -
 def test_unknown_store_scheme_fails_at_start(tmp_path) -> None:
     from flows.train_control import train_control
 
-    with pytest.raises(ConfigError, match="store: .*allowed: file, memory, s3"):
+    with pytest.raises(ConfigError, match=r"storage.url \(--store\): .*allowed: file, memory, s3"):
         train_control(preset="tiny", run_name="bad", store="ftp://example/x")
 
 
@@ -88,7 +88,7 @@ def test_a_run_continues_on_another_number_of_env_workers(tmp_path, monkeypatch)
     matches bit for bit); a continuation with another number of envs is refused. Reference kernels: tuned winners
     may differ between batch sizes of 4 and 8."""
     from rl_core.algos.train_loop import train_in_process
-    from rl_core.config import build_config
+    from rl_core.run_presets import build_config
 
     monkeypatch.setenv("GYMFLOW_KERNELS", "reference")
     _run(tmp_path, run_name="r", iterations=1, num_ranks=1)  # the tiny preset: 2 workers x 4 envs
@@ -98,7 +98,7 @@ def test_a_run_continues_on_another_number_of_env_workers(tmp_path, monkeypatch)
     assert store.versions() == [0, 1, 2]
     assert store.load(2).tensors["env.episode_step"].tolist() == [2 * 16] * 8  # continued, not reset (HalfCheetah)
     assert resized["policy_sha256"] == unsplit.policy_sha256
-    with pytest.raises(ConfigError, match="num_workers x envs_per_worker: was 8, now 16"):
+    with pytest.raises(ConfigError, match="env.num_workers x env.envs_per_worker: was 8, now 16"):
         _run(tmp_path, run_name="r", iterations=3, num_ranks=1, num_workers=4, envs_per_worker=4)
 
 
@@ -108,14 +108,14 @@ def test_command_line_stops_the_actors_it_started_when_the_run_is_refused(tmp_pa
     the command line: the SIGKILL test in test_resume.py.)"""
     import ray
 
-    from flows.train_control import main
-    from rl_core.config import build_config
+    from flows.cli import main
     from rl_core.data.run_info import open_run
+    from rl_core.run_presets import build_config
 
     store = f"file://{tmp_path}/runs"
     open_run(build_config("tiny", run_name="cli", store=store))  # an existing run, seed 0
-    assert main(["--preset", "tiny", "--run-name", "cli", "--store", store, "--seed", "9"]) == 2
-    assert "seed: was 0, now 9" in capsys.readouterr().out.replace("\n", " ")
+    assert main(["train", "--preset", "tiny", "--run-name", "cli", "--store", store, "--seed", "9"]) == 2
+    assert "seed: was 0, now 9" in capsys.readouterr().err.replace("\n", " ")
     assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if "gymflow-cli-" in a["name"]]
 
 
@@ -138,7 +138,7 @@ def test_the_flow_computes_what_rl_core_computes_in_one_process(tmp_path, overla
     import torch
 
     from rl_core.algos.train_loop import train_in_process
-    from rl_core.config import build_config
+    from rl_core.run_presets import build_config
 
     threads = torch.get_num_threads()
     flow = _run(tmp_path, run_name="orchestrated", seed=5, num_ranks=1, overlap=overlap, iterations=3)

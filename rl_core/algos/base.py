@@ -1,0 +1,158 @@
+"""The algorithm seam: what the runtime (env workers, trainer ranks, the in-process loop) needs of an algorithm.
+
+An algorithm is registered once (`register_algorithm`) under the name its config section carries
+(`RunConfig.algorithm.name`) and provides one function per phase of an iteration:
+
+    collect   policy + envs -> experience         (env workers; the in-process loop on threads)
+    score     experience of all workers -> batch  (the score step)
+    update    Learner.update(batch, iteration)    (each trainer rank; the in-process loop)
+
+plus how to build its `Learner` (trains: weights, optimizer, statistics) and its `Policy` (acts: only what acting
+needs). The runtime calls these and nothing else, so a new algorithm is a new module that registers itself.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from rl_core.config import RunConfig
+
+Tensors = dict[str, np.ndarray]
+"""Named arrays: what steps hand each other through the store and what a checkpoint holds."""
+Epochs = list[dict[str, float]]
+"""Per-epoch metrics of an update, in order."""
+AllReduceMean = Callable[[torch.Tensor], None]
+"""Averages a flat tensor across ranks in place; identity for a single process."""
+Calls = dict[str, tuple[dict, "int | None"]]
+"""op name -> (shape it is called with, torch thread count of the calling process; None: the current one)."""
+
+
+def single_process(_: torch.Tensor) -> None:
+    """AllReduceMean for one process: nothing to average."""
+
+
+@dataclass(frozen=True)
+class Spaces:
+    """Sizes of the task's observation and action vectors."""
+
+    obs_dim: int
+    action_dim: int
+
+
+@dataclass(frozen=True)
+class UpdateHooks:
+    """How the process running an update takes part in it. The defaults are one process, nothing saved.
+
+    `resume` runs once the batch is prepared against the weights the update starts from: it may restore a partly
+    done update (the learner's state after some epochs) and returns those epochs' metrics, so only the rest run.
+    `on_epoch_end(epochs, last)` follows every epoch with the metrics so far (`last`: no epoch follows).
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    all_reduce_mean: AllReduceMean = single_process
+    resume: Callable[[], Epochs] = field(default=lambda: [])
+    on_epoch_end: Callable[[Epochs, bool], None] | None = None
+
+
+class Policy(Protocol):
+    """What an acting process holds: weights and statistics, no optimizer."""
+
+    def state(self) -> Tensors:
+        """The tensors acting needs (a subset of the learner's `state()`, under the same names)."""
+        ...
+
+    def load_state(self, state: Tensors) -> None:
+        """Take the acting tensors from a policy or learner state (other keys are ignored)."""
+        ...
+
+
+class Learner(Protocol):
+    """What a training process holds: the policy it improves, its optimizer and statistics."""
+
+    policy: Policy  # acts with the learner's current weights (shared, not a copy)
+
+    def update(self, batch: Tensors, iteration: int, hooks: UpdateHooks = UpdateHooks()) -> dict[str, float]:
+        """One iteration's update from the scored `batch` (schedules and seeds from the run config); metrics."""
+        ...
+
+    def state(self) -> Tensors:
+        """Every tensor needed to continue bit-exactly, keyed by stable dotted names."""
+        ...
+
+    def load_state(self, state: Tensors) -> None:
+        """Restore from `state()`."""
+        ...
+
+    def policy_state(self) -> Tensors:
+        """The acting subset of `state()`: what env workers load."""
+        ...
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One registered algorithm: its builders and its phase functions (see the module docstring)."""
+
+    name: str
+    learner: Callable[["RunConfig", Spaces], Learner]
+    policy: Callable[["RunConfig", Spaces], Policy]
+    initial_carry: Callable[[int], Tensors]
+    """Per-env arrays an algorithm carries across iterations with the envs (checkpointed with them), for N envs."""
+    collect: Callable[["RunConfig", Policy, Any, Tensors, int, int], tuple[Tensors, dict[str, Any]]]
+    """(cfg, policy, envs, carry, iteration, first env index) -> (experience, small JSON meta); updates carry."""
+    score: Callable[["RunConfig", list[Tensors], list[dict[str, Any]]], Tensors]
+    """(cfg, experience of each worker in worker order, their metas) -> the batch every rank updates from."""
+    hot_ops: Callable[["RunConfig", Spaces, int, "int | None", "int | None"], Calls]
+    """(cfg, spaces, ranks, trainer threads, env-worker threads) -> the kernels its phases dispatch, to tune."""
+
+
+_ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register_algorithm(algorithm: Algorithm) -> None:
+    """Make `algorithm` runnable under its name; never silently replaces another."""
+    if _ALGORITHMS.get(algorithm.name, algorithm) is not algorithm:
+        raise ValueError(f"algorithm {algorithm.name!r} is already registered")
+    _ALGORITHMS[algorithm.name] = algorithm
+
+
+def algorithm_of(cfg: "RunConfig") -> Algorithm:
+    """The registered algorithm the run's config section names."""
+    try:
+        return _ALGORITHMS[cfg.algorithm.name]
+    except KeyError:
+        raise KeyError(f"algorithm {cfg.algorithm.name!r} has a config section but no implementation registered; "
+                       f"registered: {', '.join(sorted(_ALGORITHMS))}") from None
+
+
+def env_spaces(cfg: "RunConfig") -> Spaces:
+    """The run's observation and action sizes, from a one-env probe batch."""
+    from rl_core.envs import make_batch
+
+    probe = make_batch(cfg.env.name, 1, seed=0)
+    return Spaces(probe.obs_dim, probe.action_dim)
+
+
+def build_learner(cfg: "RunConfig", spaces: Spaces | None = None) -> Learner:
+    """The run's learner, seeded from the run's seed: equal configs give equal initial weights."""
+    return algorithm_of(cfg).learner(cfg, spaces or env_spaces(cfg))
+
+
+def build_policy(cfg: "RunConfig", spaces: Spaces | None = None) -> Policy:
+    """A policy to act with; its weights come from `load_state` (a checkpoint's policy tensors)."""
+    return algorithm_of(cfg).policy(cfg, spaces or env_spaces(cfg))
+
+
+def policy_sha256(state: Tensors) -> str:
+    """Hash of the policy parameters' bytes (the `model.` tensors) in name order: equal hashes mean bit-identical
+    weights."""
+    digest = hashlib.sha256()
+    for name in sorted(k for k in state if k.startswith("model.")):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(state[name]).tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,40 @@
+"""What a run's checkpoints cost: per-version encoded sizes against the raw state and `torch.save` of it."""
+from __future__ import annotations
+
+import io
+
+import fsspec
+import numpy as np
+import torch
+
+from rl_core.checkpoint import CheckpointStore
+from rl_core.config import RunConfig
+from rl_core.data.run_layout import RunLayout
+
+
+def torch_save_bytes(tensors: dict[str, np.ndarray]) -> int:
+    """Size of the same state written by `torch.save`: the baseline our checkpoint sizes are compared with."""
+    buffer = io.BytesIO()
+    torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}, buffer)
+    return buffer.tell()
+
+
+def storage_report(cfg: RunConfig) -> dict:
+    """What the run's checkpoints cost: per-version encoded sizes against raw and `torch.save` sizes."""
+    store = CheckpointStore(RunLayout(cfg.run_url).checkpoints)
+    versions = store.versions()
+    if not versions:
+        return {"versions": 0, "env_steps": 0, "stored_bytes": 0}
+    latest = versions[-1]
+    reports = [store.size_report(v) for v in versions]
+    fs, path = fsspec.core.url_to_fs(RunLayout(cfg.run_url).checkpoints)
+    return {
+        "versions": len(versions),
+        "latest_version": latest,
+        "env_steps": store.manifest(latest)["meta"]["env_steps"],
+        "stored_bytes": int(fs.du(path)),
+        "latest_raw_bytes": reports[-1]["raw_bytes"],
+        "latest_encoded_bytes": reports[-1]["encoded_bytes"],
+        "mean_encoded_bytes": int(sum(r["encoded_bytes"] for r in reports) / len(reports)),
+        "latest_torch_save_bytes": torch_save_bytes(store.load(latest).tensors),
+    }

@@ -1,0 +1,9 @@
+"""torch thread counts of gymflow's processes. Kernels are tuned at these counts (winners are looked up by the
+calling process's count), and eager autograd's float sums depend on them, so they are part of what a run computes."""
+
+TRAINER_THREADS = 1
+"""A process that trains a learner (a trainer rank, the in-process loop): ranks share the machine's cores, and the
+tiny MLP gains nothing from more."""
+
+ENV_WORKER_THREADS = 1
+"""An env worker: workers share the cores, and a rollout step's tiny policy batch gains nothing from more."""
