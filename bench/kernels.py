@@ -35,12 +35,14 @@ import kernels  # noqa: E402
 from kernels import COMPILE, TuneReport, get_op, registered_ops  # noqa: E402
 from kernels.autotune import DEFAULT_MIN_RUN_TIME, tune_bucket  # noqa: E402
 from rl_core.algos.advantages import score_experience  # noqa: E402
+from rl_core.algos.base import Spaces  # noqa: E402
 from rl_core.algos.hot_ops import hot_ops  # noqa: E402
-from rl_core.algos.learner import PPOLearner  # noqa: E402
 from rl_core.algos.ppo import RolloutBatch, ppo_update  # noqa: E402
+from rl_core.algos.ppo_learner import PPOLearner  # noqa: E402
 from rl_core.algos.rollout import collect_rollout  # noqa: E402
-from rl_core.config import PPOConfig, build_config  # noqa: E402
+from rl_core.config import PPOConfig  # noqa: E402
 from rl_core.envs import make_batch  # noqa: E402
+from rl_core.run_presets import build_config  # noqa: E402
 from rl_core.seeding import action_noise  # noqa: E402
 
 TASK, WORKERS, ENVS, STEPS = "HalfCheetah-v5", 2, 32, 128
@@ -72,14 +74,16 @@ def iteration_s(mode: str | None) -> float:
         os.environ["GYMFLOW_KERNELS"] = mode
     cfg = PPOConfig()
     envs = [make_batch(TASK, ENVS, seed=0, env_offset=w * ENVS) for w in range(WORKERS)]
-    learner = PPOLearner(envs[0].obs_dim, envs[0].action_dim, cfg, seed=0)
+    run = QUICK.model_copy(update={"seed": 0, "algorithm": cfg})  # PPO's defaults, seed 0
+    learner = PPOLearner(run, Spaces(envs[0].obs_dim, envs[0].action_dim))
+    policy = learner.policy
     start = time.perf_counter()
-    parts = [collect_rollout(env, learner, STEPS, cfg.gamma, np.zeros(ENVS),
+    parts = [collect_rollout(env, policy.model, policy.obs_norm, STEPS, cfg.gamma, np.zeros(ENVS),
                              action_noise(0, 0, w * ENVS, ENVS, STEPS, env.action_dim))[0]
              for w, env in enumerate(envs)]
     scored = score_experience(parts, 1.0, cfg.gamma, cfg.gae_lambda)
     batch = RolloutBatch.from_scored(scored)
-    ppo_update(learner.model, learner.optimizer, batch, cfg, generator_seed=0, learning_rate=cfg.learning_rate)
+    ppo_update(policy.model, learner.optimizer, batch, cfg, generator_seed=0, learning_rate=cfg.learning_rate)
     return time.perf_counter() - start
 
 

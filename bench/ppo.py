@@ -5,7 +5,7 @@ Systems, per task and seed, run one after another (so they get the machine alike
 - ``direct``: gymflow's PPO through ``rl_core`` in one process (``rl_core.algos.train_loop``);
 - ``direct_overlap``: the same with ``overlap`` (iteration i+1 collects on a thread while iteration i trains,
   one update stale);
-- ``flow``: the same configuration as ``direct`` through the Prefect flow (``python -m flows.train_control`` in a
+- ``flow``: the same configuration as ``direct`` through the Prefect flow (``python -m flows.cli train`` in a
   subprocess: Prefect, Ray env workers, a torch.distributed train shard, a delta checkpoint every iteration),
   with one trainer rank: it computes ``direct``'s weights bit for bit, so their wall times compare the same work
   (two ranks on two cores are slower here: per-step framework overhead does not shrink with the minibatch, and
@@ -54,7 +54,8 @@ import torch
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from rl_core.algos.train_loop import train_in_process  # noqa: E402
-from rl_core.config import RunConfig, build_config  # noqa: E402
+from rl_core.config import RunConfig  # noqa: E402
+from rl_core.run_presets import build_config  # noqa: E402
 
 EVAL_EPISODES = 10
 
@@ -75,9 +76,9 @@ def run_direct(cfg: RunConfig) -> dict[str, Any]:
 
 
 def run_flow(cfg: RunConfig) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "flows.train_control", "--preset", "quick", "--env", cfg.env, "--seed",
+    cmd = [sys.executable, "-m", "flows.cli", "train", "--preset", "quick", "--env", cfg.env.name, "--seed",
            str(cfg.seed), "--iterations", str(cfg.iterations), "--eval-episodes", str(cfg.eval_episodes),
-           "--run-name", cfg.run_name, "--store", cfg.store, "--num-ranks", str(cfg.num_ranks)]
+           "--run-name", cfg.run_name, "--store", cfg.storage.url, "--num-ranks", str(cfg.num_ranks)]
     if cfg.overlap:
         cmd.append("--overlap")
     start = time.perf_counter()
@@ -96,11 +97,12 @@ def run_sb3(cfg: RunConfig) -> dict[str, Any]:
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    p = cfg.ppo
-    n_envs = cfg.num_workers * cfg.envs_per_worker
-    venv = VecNormalize(make_vec_env(cfg.env, n_envs=n_envs, seed=cfg.seed, vec_env_cls=DummyVecEnv), gamma=p.gamma)
+    p = cfg.algorithm
+    n_envs = cfg.env.num_envs
+    venv = VecNormalize(make_vec_env(cfg.env.name, n_envs=n_envs, seed=cfg.seed, vec_env_cls=DummyVecEnv),
+                        gamma=p.gamma)
     model = PPO(
-        "MlpPolicy", venv, n_steps=cfg.rollout_steps, batch_size=p.minibatch_size, n_epochs=p.update_epochs,
+        "MlpPolicy", venv, n_steps=cfg.env.rollout_steps, batch_size=p.minibatch_size, n_epochs=p.update_epochs,
         learning_rate=lambda remaining: p.learning_rate * remaining, gamma=p.gamma, gae_lambda=p.gae_lambda,
         clip_range=p.clip_coef, ent_coef=p.ent_coef, vf_coef=p.vf_coef, max_grad_norm=p.max_grad_norm,
         policy_kwargs={"net_arch": {"pi": list(p.hidden), "vf": list(p.hidden)}, "activation_fn": torch.nn.Tanh,
@@ -111,7 +113,7 @@ def run_sb3(cfg: RunConfig) -> dict[str, Any]:
     start = time.perf_counter()
     model.learn(total_timesteps=steps)
     train_s = time.perf_counter() - start
-    eval_env = VecNormalize(make_vec_env(cfg.env, n_envs=1, seed=cfg.seed + 10_000, vec_env_cls=DummyVecEnv),
+    eval_env = VecNormalize(make_vec_env(cfg.env.name, n_envs=1, seed=cfg.seed + 10_000, vec_env_cls=DummyVecEnv),
                             training=False, norm_reward=False)
     eval_env.obs_rms = venv.obs_rms
     mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=cfg.eval_episodes, deterministic=True)

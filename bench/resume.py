@@ -1,6 +1,6 @@
 """Lost work on a crash: SIGKILL the main job at random points, resume it, measure what had to be redone.
 
-Each trial starts `python -m flows.train_control` in its own process group, kills the group (flow, Prefect
+Each trial starts `python -m flows.cli train` in its own process group, kills the group (flow, Prefect
 API, Ray) at a random moment after training started, then runs the same command again to finish the run.
 Work redone = time since the newest durable artifact (a committed version, a step output, an epoch
 checkpoint) at the moment of the kill, in units of one checkpoint interval (the median time between two
@@ -28,7 +28,7 @@ from rl_core.runtime.local_ray import kill_local_ray_of
 
 
 def command(args: argparse.Namespace, store: Path, name: str) -> list[str]:
-    return [sys.executable, "-m", "flows.train_control", "--preset", args.preset, "--iterations",
+    return [sys.executable, "-m", "flows.cli", "train", "--preset", args.preset, "--iterations",
             str(args.iterations), "--seed", str(args.seed), "--run-name", name, "--store", f"file://{store}"]
 
 
@@ -92,7 +92,7 @@ def main() -> None:
         lost_s = max(0.0, killed_at - newest_durable(run_dir))
         committed = len(commit_times(run_dir)) - 1
         # The iteration in flight keeps its env steps only if every worker's experience shard was written.
-        workers = json.loads((run_dir / "run.json").read_text())["config"]["num_workers"]
+        workers = json.loads((run_dir / "run.json").read_text())["config"]["env"]["num_workers"]
         shards = list((run_dir / "steps" / f"{committed:06d}").glob("experience-*.safetensors"))
         steps_redone = 0 if len(shards) == workers else batch
         resume_start = time.monotonic()

@@ -48,9 +48,9 @@ import numpy as np
 # package rl_core imports; the repository root goes there instead.
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from rl_core.config import build_config  # noqa: E402
 from rl_core.envs import BatchedMujocoEnv, get_task  # noqa: E402
 from rl_core.envs.task import load_model  # noqa: E402
+from rl_core.run_presets import build_config  # noqa: E402
 from rl_core.runtime.env_pool import EnvWorkerPool  # noqa: E402
 from rl_core.runtime.local_ray import ensure_ray  # noqa: E402
 
