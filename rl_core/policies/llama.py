@@ -1,0 +1,292 @@
+"""A small decoder-only LM with the Llama architecture, in plain torch: just the model.
+
+RMSNorm, rotary position embeddings, grouped-query attention and a SwiGLU MLP, with parameter names and shapes
+those of Hugging Face's `LlamaForCausalLM` state dict (`model.embed_tokens.weight`, `model.layers.{i}.self_attn.
+q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`), so the same weights load in transformers and vLLM.
+Saving and loading in HF's directory layout is `rl_core.policies.pretrained`.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_POSITIVE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "max_position_embeddings")
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    """The model's shape, with the field names of HF's `LlamaConfig` (bias-free projections, SiLU, default RoPE)."""
+
+    vocab_size: int
+    """Number of token ids; equals the tokenizer's vocabulary size."""
+    hidden_size: int = 32
+    """Width of the residual stream."""
+    intermediate_size: int = 64
+    """Width of the SwiGLU MLP's gate and up projections."""
+    num_hidden_layers: int = 2
+    """Number of decoder layers."""
+    num_attention_heads: int = 4
+    """Query heads; head_dim = hidden_size / num_attention_heads."""
+    num_key_value_heads: int | None = None
+    """Key/value heads (grouped-query attention); None means one per query head."""
+    max_position_embeddings: int = 256
+    """The context: the most positions (prompt + completion) one sequence may hold."""
+    rms_norm_eps: float = 1e-6
+    """Added to the mean square in RMSNorm."""
+    rope_theta: float = 10000.0
+    """Base wavelength of the rotary embeddings."""
+    tie_word_embeddings: bool = False
+    """Whether lm_head shares model.embed_tokens' weight (then lm_head.weight is not saved, as HF does)."""
+    initializer_range: float = 0.02
+    """Standard deviation of the normal init of every matrix."""
+    bos_token_id: int | None = 1
+    """Beginning-of-sequence id (CharTokenizer's is 1)."""
+    eos_token_id: int | None = 2
+    """End-of-sequence id (CharTokenizer's is 2)."""
+    pad_token_id: int | None = 0
+    """Padding id (CharTokenizer's is 0)."""
+
+    def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        for name in _POSITIVE_FIELDS:
+            if getattr(self, name) < 1:
+                raise ValueError(f"LlamaSpec.{name} must be >= 1, found {getattr(self, name)}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"LlamaSpec.hidden_size ({self.hidden_size}) must be a multiple of "
+                             f"num_attention_heads ({self.num_attention_heads})")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"LlamaSpec.num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"LlamaSpec: head_dim = hidden_size / num_attention_heads = {self.head_dim} must be "
+                             "even for rotary embeddings")
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclass
+class KVCache:
+    """Keys and values of the positions seen so far, preallocated: one (B, kv_heads, capacity, head_dim) pair per
+    layer, of which the first `length` positions are filled. Rows share one length (the G samples of a prompt)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int = 0
+
+    @classmethod
+    def allocate(cls, spec: LlamaSpec, batch: int, capacity: int, *, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> KVCache:
+        """An empty cache for `batch` rows of up to `capacity` positions."""
+        shape = (batch, spec.num_key_value_heads, capacity, spec.head_dim)
+        return cls([torch.zeros(shape, device=device, dtype=dtype) for _ in range(spec.num_hidden_layers)],
+                   [torch.zeros(shape, device=device, dtype=dtype) for _ in range(spec.num_hidden_layers)])
+
+    @property
+    def batch(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def repeat_rows(self, n: int) -> KVCache:
+        """`n` copies of this one-row cache: a prompt prefilled once, then decoded as n samples."""
+        if self.batch != 1:
+            raise ValueError(f"KVCache.repeat_rows: expected a one-row cache, found {self.batch} rows")
+        return KVCache([k.repeat(n, 1, 1, 1) for k in self.keys], [v.repeat(n, 1, 1, 1) for v in self.values],
+                       self.length)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 as HF does."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def _linear(in_dim: int, out_dim: int) -> nn.Linear:
+    """A bias-free Linear left uninitialized: torch's default init would draw from the global RNG."""
+    return nn.utils.skip_init(nn.Linear, in_dim, out_dim, bias=False)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention with rotary embeddings, reading and extending a layer's cache."""
+
+    def __init__(self, spec: LlamaSpec):
+        super().__init__()
+        self.head_dim = spec.head_dim
+        self.kv_groups = spec.num_attention_heads // spec.num_key_value_heads
+        self.q_proj = _linear(spec.hidden_size, spec.num_attention_heads * spec.head_dim)
+        self.k_proj = _linear(spec.hidden_size, spec.num_key_value_heads * spec.head_dim)
+        self.v_proj = _linear(spec.hidden_size, spec.num_key_value_heads * spec.head_dim)
+        self.o_proj = _linear(spec.num_attention_heads * spec.head_dim, spec.hidden_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                past: tuple[torch.Tensor, torch.Tensor] | None, start: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, T, hidden) output and this call's (B, kv_heads, T, head_dim) keys and values; `past` (the layer's
+        preallocated keys and values) gets them written at positions [start, start + T)."""
+        batch, steps, _ = x.shape
+        q = self.q_proj(x).view(batch, steps, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, steps, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, steps, -1, self.head_dim).transpose(1, 2)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        keys, values = k, v
+        if past is not None:
+            past[0][:, :, start:start + steps] = k
+            past[1][:, :, start:start + steps] = v
+            keys, values = past[0][:, :, :start + steps], past[1][:, :, :start + steps]
+        keys = keys.repeat_interleave(self.kv_groups, dim=1)  # kv head h serves query heads [h*g, (h+1)*g)
+        values = values.repeat_interleave(self.kv_groups, dim=1)
+        # Query i sits at position start + i and sees keys 0 .. start + i; one new token sees every key.
+        mask = None if steps == 1 else torch.ones(steps, start + steps, dtype=torch.bool, device=x.device).tril(start)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return self.o_proj(y.transpose(1, 2).reshape(batch, steps, -1)), k, v
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, spec: LlamaSpec):
+        super().__init__()
+        self.gate_proj = _linear(spec.hidden_size, spec.intermediate_size)
+        self.up_proj = _linear(spec.hidden_size, spec.intermediate_size)
+        self.down_proj = _linear(spec.intermediate_size, spec.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, spec: LlamaSpec):
+        super().__init__()
+        self.self_attn = Attention(spec)
+        self.mlp = MLP(spec)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                past: tuple[torch.Tensor, torch.Tensor] | None, start: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attended, k, v = self.self_attn(self.input_layernorm(x), cos, sin, past, start)
+        x = x + attended
+        return x + self.mlp(self.post_attention_layernorm(x)), k, v
+
+
+class Decoder(nn.Module):
+    """Embeddings, the layers and the final norm: HF's `model.` prefix."""
+
+    def __init__(self, spec: LlamaSpec):
+        super().__init__()
+        self.embed_tokens = nn.utils.skip_init(nn.Embedding, spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_hidden_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        exponents = torch.arange(0, spec.head_dim, 2, dtype=torch.float32) / spec.head_dim
+        self.register_buffer("inv_freq", 1.0 / spec.rope_theta ** exponents, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None) -> tuple[torch.Tensor, list[torch.Tensor],
+                                                                               list[torch.Tensor]]:
+        """(B, T, hidden) final hidden states and each layer's new keys and values."""
+        start = 0 if cache is None else cache.length
+        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device, dtype=torch.float32)
+        angles = positions[:, None] * self.inv_freq
+        angles = torch.cat((angles, angles), dim=-1)  # (T, head_dim), HF's layout: both halves rotate alike
+        cos, sin = angles.cos(), angles.sin()
+        x = self.embed_tokens(input_ids)
+        keys, values = [], []
+        for i, layer in enumerate(self.layers):
+            past = None if cache is None else (cache.keys[i], cache.values[i])
+            x, k, v = layer(x, cos, sin, past, start)
+            keys.append(k)
+            values.append(v)
+        return self.norm(x), keys, values
+
+
+class LlamaLM(nn.Module):
+    """The causal LM: `model` (the decoder) and `lm_head`; weights drawn from `seed` without touching torch's
+    global RNG, as HF initializes them (normal(0, initializer_range) matrices, unit norms)."""
+
+    def __init__(self, spec: LlamaSpec, seed: int = 0):
+        super().__init__()
+        self.spec = spec
+        self.model = Decoder(spec)
+        self.lm_head = _linear(spec.hidden_size, spec.vocab_size)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for param in self.parameters():  # tied weights appear once
+                if param.ndim == 1:
+                    param.fill_(1.0)
+                else:
+                    param.normal_(0.0, spec.initializer_range, generator=generator)
+
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
+        """(B, T, vocab) logits of `input_ids` (B, T), which follow the `cache.length` positions already in `cache`.
+
+        With a cache, the new keys and values are written into it and it is returned, `length` advanced by T; without
+        one, a full cache of exactly these T positions is returned (allocate a larger one to decode further).
+        """
+        if input_ids.ndim != 2:
+            raise ValueError(f"LlamaLM: expected input_ids of shape (batch, steps), found {tuple(input_ids.shape)}")
+        batch, steps = input_ids.shape
+        start = 0 if cache is None else cache.length
+        if start + steps > self.spec.max_position_embeddings:
+            raise ValueError(f"LlamaLM: positions {start} + {steps} exceed the context of "
+                             f"{self.spec.max_position_embeddings} (max_position_embeddings)")
+        if cache is not None and (cache.batch != batch or start + steps > cache.capacity):
+            raise ValueError(f"LlamaLM: a cache of {cache.batch} rows x {cache.capacity} positions holding {start} "
+                             f"cannot take {batch} rows x {steps} more; allocate one with batch={batch} and "
+                             f"capacity >= {start + steps}")
+        hidden, keys, values = self.model(input_ids, cache)
+        logits = self.lm_head(hidden)
+        if cache is None:
+            return logits, KVCache(keys, values, steps)
+        cache.length += steps
+        return logits, cache
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The tensors HF saves: every parameter by name, without lm_head.weight when it is the tied embedding."""
+        state = self.state_dict()
+        if self.spec.tie_word_embeddings:
+            del state["lm_head.weight"]
+        return state
+
+    def load_hf_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy `tensors` (exactly `hf_state_dict`'s names and shapes) into the parameters, in place."""
+        own = self.hf_state_dict()
+        missing, unexpected = sorted(own.keys() - tensors.keys()), sorted(tensors.keys() - own.keys())
+        if missing or unexpected:
+            tied = " (tied embeddings: lm_head.weight is model.embed_tokens.weight, leave it out)" \
+                if "lm_head.weight" in unexpected and self.spec.tie_word_embeddings else ""
+            raise ValueError(f"LlamaLM.load_hf_state: missing {missing[:5]}, unexpected {unexpected[:5]}{tied}; "
+                             "pass the tensors of a model with this LlamaSpec")
+        wrong = [f"{name} {tuple(tensors[name].shape)} (expected {tuple(own[name].shape)})"
+                 for name in own if tuple(tensors[name].shape) != tuple(own[name].shape)]
+        if wrong:
+            raise ValueError(f"LlamaLM.load_hf_state: wrong shapes: {', '.join(wrong[:5])}")
+        with torch.no_grad():
+            for name, param in own.items():
+                param.copy_(tensors[name])
