@@ -30,7 +30,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
         if opt.kind is bool:
             parser.add_argument(flag, action="store_const", const=True, help=opt.description + default)
         else:
-            parser.add_argument(flag, type=opt.kind, help=opt.description + default)
+            parser.add_argument(flag, type=opt.kind, default=opt.entry_default, help=opt.description + default)
     parser.add_argument("--store-credentials-block", metavar="SLUG",
                         help="Prefect block with the store's S3 credentials: secret/<name> or aws-credentials/<name>")
     parser.add_argument("--verbose", action="store_true", help="show Prefect's task-run logs too")
@@ -88,7 +88,6 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         for name in ("prefect", "prefect.flow_runs", "prefect.task_runs"):
             logging.getLogger(name).setLevel(logging.WARNING)
     options = {name: getattr(args, name) for name in launch_options()}
-    options["preset"] = options["preset"] or "quick"
     cfg = build_config(**options)  # fails here, before anything starts, on a bad value
     # A credentials block is read through the API, and Ray's workers must start with what it holds: then the flow
     # starts Ray itself, once the credentials are exported.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, TypeVar
 
-from rl_core.launch_options import launch_options, option_annotation
+from rl_core.launch_options import launch_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -22,10 +22,9 @@ def with_launch_options(extra: dict[str, tuple[Any, Any, str]] | None = None) ->
     def decorate(fn: F) -> F:
         params, docs = [], []
         for opt in table.values():
-            default = "quick" if opt.name == "preset" else None
-            params.append(inspect.Parameter(opt.name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                            annotation=option_annotation(opt) if default is None else str))
-            shown = "" if opt.default is None or default is not None else f" (default: {opt.default!r})"
+            params.append(inspect.Parameter(opt.name, inspect.Parameter.KEYWORD_ONLY, default=opt.entry_default,
+                                            annotation=opt.annotation))
+            shown = "" if opt.default is None or opt.entry_default is not None else f" (default: {opt.default!r})"
             docs.append(f"    {opt.name}: {opt.description}{shown}")
         for name, (annotation, default, text) in (extra or {}).items():
             params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,

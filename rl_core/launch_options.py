@@ -30,6 +30,17 @@ class LaunchOption:
     description: str
     default: Any = None  # what an unset option means, for help texts (None: the preset's value or none)
 
+    @property
+    def entry_default(self) -> Any:
+        """The default a flow parameter or flag takes: a field's is None ("the preset's value, else the model's"),
+        an option that is no field (`preset`, `randomize_dynamics`) has its own."""
+        return None if self.path else self.default
+
+    @property
+    def annotation(self) -> Any:
+        """The type a flow parameter takes: Optional where None means "not given"."""
+        return Optional[self.kind] if self.entry_default is None else self.kind
+
 
 def _scalar_kind(annotation: Any) -> type | None:
     """bool/int/float/str for a field of that type or an Optional of it; None for anything else."""
@@ -86,8 +97,3 @@ def nest_options(values: dict[str, Any]) -> dict[str, Any]:
             target = target.setdefault(key, {})
         target[path[-1]] = value
     return nested
-
-
-def option_annotation(opt: LaunchOption) -> Any:
-    """The type a flow parameter for `opt` takes: Optional, since an unset option means "the preset's value"."""
-    return Optional[opt.kind]

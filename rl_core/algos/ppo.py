@@ -85,7 +85,7 @@ def ppo_loss(
     old_logprob, old_value, returns = batch.logprobs[idx], batch.values[idx], batch.returns[idx]
     if _ppo_loss.choose(new_logprob, old_logprob, adv, new_value, old_value, returns, entropy, cfg.clip_coef,
                         cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss) != kernels.REFERENCE:
-        loss, *stats = _ppo_loss(
+        loss, *stats = _ppo_loss(  # binds the keywords to the candidates' positions (some take *args only)
             new_logprob=new_logprob, old_logprob=old_logprob, advantages=adv, value=new_value, old_value=old_value,
             returns=returns, entropy=entropy, clip_coef=cfg.clip_coef, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
             clip_vloss=cfg.clip_vloss)

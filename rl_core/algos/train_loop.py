@@ -18,7 +18,16 @@ from typing import Callable
 import numpy as np
 import torch
 
-from rl_core.algos.base import Learner, Policy, Tensors, algorithm_of, build_learner, build_policy, policy_sha256
+from rl_core.algos.base import (
+    Learner,
+    Policy,
+    Spaces,
+    Tensors,
+    algorithm_of,
+    build_learner,
+    build_policy,
+    policy_sha256,
+)
 from rl_core.algos.evaluation import evaluate_policy
 from rl_core.algos.hot_ops import hot_ops, tune_hot_ops
 from rl_core.config import RunConfig
@@ -78,8 +87,9 @@ def _train(cfg: RunConfig, on_iteration: Callable[[int, dict[str, float]], None]
     envs = [make_batch(cfg.env.name, per_worker, cfg.seed, w * per_worker, cfg.env.randomization,
                        min(physics_threads, per_worker))
             for w in range(workers)]
-    learner: Learner = build_learner(cfg)
-    stale: Policy | None = build_policy(cfg) if cfg.overlap else None
+    spaces = Spaces(envs[0].obs_dim, envs[0].action_dim)
+    learner: Learner = build_learner(cfg, spaces)
+    stale: Policy | None = build_policy(cfg, spaces) if cfg.overlap else None
     carries = [algorithm.initial_carry(per_worker) for _ in envs]
 
     def collect(iteration: int, acting: Policy) -> tuple[list[Tensors], list[dict]]:

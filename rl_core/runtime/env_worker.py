@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from rl_core.algos.base import algorithm_of, build_policy, env_spaces, policy_sha256
+from rl_core.algos.base import Spaces, algorithm_of, build_policy, policy_sha256
 from rl_core.algos.batches import ENV_STATE_PREFIX
 from rl_core.algos.evaluation import evaluate_policy
 from rl_core.checkpoint import CheckpointStore
@@ -47,7 +47,7 @@ class EnvWorker:
         self.layout = RunLayout(self.cfg.run_url)
         self.store = CheckpointStore(self.layout.checkpoints, full_every=self.cfg.storage.full_every)
         self._new_envs()
-        self.policy = build_policy(self.cfg, env_spaces(self.cfg))
+        self.policy = build_policy(self.cfg, Spaces(self.env.obs_dim, self.env.action_dim))
         self.policy_version: int | None = None
 
     def assign(self, envs: tuple[int, int]) -> None:

@@ -36,13 +36,18 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     global _inherited_env
     if ray.is_initialized():
         return
-    if os.environ.get("RAY_ADDRESS"):
+    if not is_local_ray():
         ray.init(namespace="gymflow", log_to_driver=False)
         return
     use_local_ray_defaults()
     cpus = max(os.cpu_count() or 1, num_cpus or 0)
     ray.init(num_cpus=cpus, namespace="gymflow", include_dashboard=False, log_to_driver=False)
     _inherited_env = gymflow_env_vars()  # a local Ray's workers start with this process's environment
+
+
+def is_local_ray() -> bool:
+    """Whether the Ray this process uses is one it starts on this machine (no cluster named in `RAY_ADDRESS`)."""
+    return not os.environ.get("RAY_ADDRESS")
 
 
 def use_local_ray_defaults() -> None:

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from rl_core.algos.base import Epochs, Tensors, UpdateHooks, build_learner
+from rl_core.algos.base import Epochs, Tensors, UpdateHooks, build_learner, single_process
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout, read_tensors, write_tensors
@@ -37,13 +37,14 @@ class TrainerRank:
         self.learner_version: int | None = None
         self._completed: tuple[int, int, dict[str, float]] | None = None  # (iteration, version, metrics)
 
-    def connect(self, master_addr: str, master_port: int) -> None:
-        """Join the gloo (CPU) or NCCL (CUDA) group; blocks until every rank has joined."""
-        if master_addr == "127.0.0.1":
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep gloo's traffic on loopback too
+    def connect(self, init_method: str) -> None:
+        """Join the gloo (CPU) or NCCL (CUDA) group at `init_method` (a `file://` store on one machine, else
+        `tcp://host:port`); blocks until every rank has joined."""
+        if init_method.startswith(("file://", "tcp://127.0.0.1:")):
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep gloo's own connections on loopback too
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(
-            backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
+            backend, init_method=init_method, rank=self.rank,
             world_size=self.world_size, timeout=timedelta(seconds=self.cfg.collective_timeout_s),
         )
 
@@ -74,7 +75,7 @@ class TrainerRank:
         progress = CheckpointStore(self.layout.train_progress(iteration), full_every=self.cfg.storage.full_every)
         hooks = UpdateHooks(
             rank=self.rank, world_size=self.world_size,
-            all_reduce_mean=self._all_reduce_mean if self.world_size > 1 else lambda _: None,
+            all_reduce_mean=self._all_reduce_mean if self.world_size > 1 else single_process,
             resume=lambda: self._restore_progress(progress, iteration, version),
             on_epoch_end=self._progress_saver(progress, iteration, version),
         )

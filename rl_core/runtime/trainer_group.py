@@ -8,14 +8,16 @@ restore the newest checkpoint and continue from there.
 """
 from __future__ import annotations
 
+import shutil
 import socket
+import tempfile
 import threading
 
 import numpy as np
 import ray
 
 from rl_core.config import RunConfig
-from rl_core.runtime.local_ray import actor_options, ensure_ray, wait_until_names_free
+from rl_core.runtime.local_ray import actor_options, ensure_ray, is_local_ray, wait_until_names_free
 from rl_core.runtime.trainer import TrainerRank
 
 
@@ -40,6 +42,7 @@ class TrainerGroup:
         self._lock = threading.Lock()  # the K train_shard tasks call in from K threads at once
         self._launch: tuple[tuple[int, int], list[ray.actor.ActorHandle], list[ray.ObjectRef]] | None = None
         self._booting: list[ray.actor.ActorHandle] = []  # created by `start`, not yet joined into a group
+        self._rendezvous_dir: str | None = None  # the FileStore's folder of the live group, on a local Ray
 
     def start(self) -> None:
         """Create the ranks without waiting: their start-up (Python, torch) then overlaps whatever the caller
@@ -66,10 +69,18 @@ class TrainerGroup:
         """The live ranks, starting and connecting a new group if there is none (caller holds the lock)."""
         if not self._ranks:
             ranks, self._booting = self._booting or self._create_ranks(), []
-            port = _free_port(self.master_addr)
-            ray.get([r.connect.remote(self.master_addr, port) for r in ranks])
+            init_method = self._rendezvous()
+            ray.get([r.connect.remote(init_method) for r in ranks])
             self._ranks = ranks
         return self._ranks
+
+    def _rendezvous(self) -> str:
+        """Where a new group's ranks meet. On a machine-local Ray, a FileStore: torch's TCPStore listens on every
+        interface whatever host it is given, and a file opens no port. On a cluster, TCP at `master_addr`."""
+        if is_local_ray():
+            self._rendezvous_dir = tempfile.mkdtemp(prefix=f"gymflow-{self.cfg.run_name}-ranks-")
+            return f"file://{self._rendezvous_dir}/store"
+        return f"tcp://{self.master_addr}:{_free_port(self.master_addr)}"
 
     def initial_state(self) -> dict[str, np.ndarray]:
         """The seeded initial learner state (from rank 0)."""
@@ -100,6 +111,9 @@ class TrainerGroup:
             ray.kill(r, no_restart=True)
         self._ranks, self._booting = [], []
         self._launch = None
+        if self._rendezvous_dir is not None:  # a FileStore file is for one group only
+            shutil.rmtree(self._rendezvous_dir, ignore_errors=True)
+            self._rendezvous_dir = None
         wait_until_names_free(self._names())  # the next group must be new actors, not the dying ones
 
     def shutdown(self) -> None:
