@@ -1,13 +1,19 @@
-"""GRPO's loss (group-relative advantages, clipped ratio, optional KL to a reference), forward and backward.
+"""GRPO's policy loss (clipped ratio, optional KL to a reference policy) over per-token weights, forward and backward.
 
 Every implementation has the signature
-    grpo_loss(logprobs[B, T], old_logprobs[B, T], ref_logprobs[B, T] | None, rewards[B], mask[B, T],
-              group_size, clip_eps, beta) -> (loss, advantages[B], kl, clip_fraction)
-B = groups x group_size completions, consecutive rows forming a group; `mask` is 1.0 on generated tokens. As in
-DeepSeekMath (Shao et al., 2024): A_i = (r_i - mean(group)) / (std(group) + 1e-4), per token
-    -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) + beta * (exp(ref - lp) - (ref - lp) - 1),
-averaged over each sequence's tokens, then over sequences. beta = 0 (ref_logprobs may then be None) drops the KL
-term. Only `loss` is differentiable, w.r.t. `logprobs`; `kl` and `clip_fraction` are token means (detached).
+    grpo_loss(logprobs[B, T], old_logprobs[B, T], ref_logprobs[B, T] | None, advantages[B], weights[B, T],
+              clip_eps, beta) -> (loss, kl, clip_fraction)     all 0-dim
+With ratio = exp(logprobs - old_logprobs), each token costs
+    -min(ratio * A_b, clip(ratio, 1 - clip_eps, 1 + clip_eps) * A_b) + beta * (exp(ref - lp) - (ref - lp) - 1),
+the KL term (the k3 estimator, as in DeepSeekMath, Shao et al., 2024) only when beta != 0 (ref_logprobs may then be
+None). loss = sum of cost * weight; kl and clip_fraction (|ratio - 1| > clip_eps) are means over the tokens of
+nonzero weight, detached, 0 where there are none. Only `loss` is differentiable, w.r.t. `logprobs`.
+
+Why advantages and weights come from the caller: how advantages are made (group-relative, with or without std
+scaling) is the scoring step's choice, and how tokens are averaged is the trainer's: per sequence (GRPO), over all
+tokens (DAPO), or as one rank's share of a global minibatch (weights normalized over the global minibatch, times the
+number of ranks), so that ranks averaging their gradients step exactly as one process would. The weights carry the
+mask too: a token of weight 0 reaches no output whatever its log-probs hold (padding may even be NaN).
 """
 
 from __future__ import annotations
@@ -21,49 +27,60 @@ from kernels.inputs import next_pow2, place
 from kernels.native import F64, I64, PTR, float32_cpu, load_function
 from kernels.registry import Op, candidate, register
 
-STD_EPS = 1e-4
-"""Added to the group's reward std: a group whose rewards are all equal gets advantage 0, not NaN."""
+
+def _check_arguments(
+    logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor, weights: Tensor,
+    beta: float,
+) -> None:
+    """Refuse a missing reference and mismatched shapes: [B, 1] advantages or [T] weights would broadcast into a
+    wrong loss instead of raising."""
+    if beta != 0 and ref_logprobs is None:
+        raise ValueError(f"grpo_loss: beta is {beta} but ref_logprobs is None; pass the reference policy's "
+                         f"log-probs, or beta=0 to drop the KL term")
+    per_token = {"logprobs": logprobs, "old_logprobs": old_logprobs, "weights": weights}
+    if beta != 0:
+        per_token["ref_logprobs"] = ref_logprobs
+    if (logprobs.dim() != 2 or any(x.shape != logprobs.shape for x in per_token.values())
+            or advantages.shape != logprobs.shape[:1]):
+        found = ", ".join(f"{name} {tuple(x.shape)}" for name, x in {**per_token, "advantages": advantages}.items())
+        raise ValueError(f"grpo_loss expects [B, T] log-probs and weights and [B] advantages; found {found}")
 
 
 def grpo_loss_reference(
-    logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, rewards: Tensor, mask: Tensor,
-    group_size: int, clip_eps: float, beta: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """GRPO as the paper writes it, in eager torch."""
-    if group_size < 2 or rewards.shape[0] % group_size:
-        raise ValueError(f"grpo_loss needs groups of >= 2 completions filling the batch; found group_size "
-                         f"{group_size} for {rewards.shape[0]} rewards")
-    groups = rewards.view(-1, group_size)
-    advantages = ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + STD_EPS)).view(-1)
-    ratio = (logprobs - old_logprobs).exp()
+    logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor, weights: Tensor,
+    clip_eps: float, beta: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The clipped objective plus k3 KL, weighted per token, in eager torch."""
+    _check_arguments(logprobs, old_logprobs, ref_logprobs, advantages, weights, beta)
+    live = weights != 0
+    ratio = torch.where(live, logprobs - old_logprobs, 0.0).exp()  # where(): padding reaches neither value nor grad
     adv = advantages.unsqueeze(1)
     per_token = -torch.min(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
     kl = torch.zeros_like(logprobs)
     if beta != 0:
-        log_ref_ratio = ref_logprobs - logprobs
-        kl = log_ref_ratio.exp() - log_ref_ratio - 1  # k3 estimator: unbiased and >= 0
+        log_ref_ratio = torch.where(live, ref_logprobs - logprobs, 0.0)
+        kl = log_ref_ratio.exp() - log_ref_ratio - 1  # k3 estimator: unbiased and >= 0; 0 where weight is 0
         per_token = per_token + beta * kl
-    tokens = mask.sum(1).clamp(min=1)
-    loss = ((per_token * mask).sum(1) / tokens).mean()
+    loss = (per_token * weights).sum()
     with torch.no_grad():
-        all_tokens = mask.sum().clamp(min=1)
-        kl_mean = (kl * mask).sum() / all_tokens
-        clip_fraction = (((ratio - 1).abs() > clip_eps).to(mask.dtype) * mask).sum() / all_tokens
-    return loss, advantages.detach(), kl_mean, clip_fraction
+        tokens = live.sum().clamp(min=1)
+        kl_mean = kl.sum() / tokens
+        clip_fraction = ((((ratio - 1).abs() > clip_eps) & live).sum() / tokens).to(logprobs.dtype)
+    return loss, kl_mean, clip_fraction
 
 
 def grpo_loss_fused(
-    logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, rewards: Tensor, mask: Tensor,
-    group_size: int, clip_eps: float, beta: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor, weights: Tensor,
+    clip_eps: float, beta: float,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Closed-form d loss / d logprobs in the forward pass (no graph recorded); backward is one multiply."""
+    _check_arguments(logprobs, old_logprobs, ref_logprobs, advantages, weights, beta)
 
     def compute() -> tuple:
-        lp, old, r, m = (x.detach() for x in (logprobs, old_logprobs, rewards, mask))
-        groups = r.view(-1, group_size)
-        advantages = ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + STD_EPS)).view(-1)
-        ratio = (lp - old).exp()
-        adv = advantages.unsqueeze(1)
+        lp, old, adv, w = (x.detach() for x in (logprobs, old_logprobs, advantages, weights))
+        live = w != 0
+        ratio = torch.where(live, lp - old, 0.0).exp()
+        adv = adv.unsqueeze(1)
         unclipped, clipped = ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv
         in_range = (ratio >= 1 - clip_eps) & (ratio <= 1 + clip_eps)
         # d min(a, b): the smaller one's gradient, half of each on a tie (torch's rule); d a / d lp = a
@@ -73,23 +90,16 @@ def grpo_loss_fused(
         per_token = -torch.minimum(unclipped, clipped)
         kl = torch.zeros_like(lp)
         if beta != 0:
-            log_ref_ratio = ref_logprobs.detach() - lp
+            log_ref_ratio = torch.where(live, ref_logprobs.detach() - lp, 0.0)
             ref_ratio = log_ref_ratio.exp()
             kl = ref_ratio - log_ref_ratio - 1
             per_token = per_token + beta * kl
             grad = grad + beta * (1 - ref_ratio)
-        weight = mask_weights(m)  # d loss / d per_token
-        all_tokens = m.sum().clamp(min=1)
-        clip_fraction = (((ratio - 1).abs() > clip_eps).to(m.dtype) * m).sum() / all_tokens
-        outputs = ((per_token * weight).sum(), advantages, (kl * m).sum() / all_tokens, clip_fraction)
-        return outputs, (grad * weight,)
+        tokens = live.sum().clamp(min=1)
+        clip_fraction = ((((ratio - 1).abs() > clip_eps) & live).sum() / tokens).to(lp.dtype)
+        return ((per_token * w).sum(), kl.sum() / tokens, clip_fraction), (grad * w,)
 
     return fused_loss(compute, logprobs)
-
-
-def mask_weights(mask: Tensor) -> Tensor:
-    """Weight of each token in the loss: mask / (tokens in its sequence) / sequences."""
-    return mask / (mask.sum(1, keepdim=True).clamp(min=1) * mask.shape[0])
 
 
 _CPP_SOURCE = r"""
@@ -97,116 +107,127 @@ _CPP_SOURCE = r"""
 #include <cmath>
 #include <cstdint>
 
-// GRPO loss and d loss / d logprobs over [B, T] float32 buffers; B rows in groups of G (sums in double).
-// stats: loss, kl (token mean), clip_fraction (token mean). ref may be null when beta == 0.
-extern "C" void gymflow_grpo_loss(const float* lp, const float* old, const float* ref, const float* rewards,
-                                  const float* mask, std::int64_t B, std::int64_t T, std::int64_t G, double eps_d,
-                                  double beta, double std_eps, float* stats, float* advantages, float* grad) {
+// GRPO loss and d loss / d logprobs over [B, T] float32 buffers (sums in double). A token of weight 0 is skipped,
+// so whatever it holds (padding, NaN) reaches no output. stats: loss, then kl and clip_fraction as means over the
+// tokens of nonzero weight. ref is not read when beta == 0.
+extern "C" void gymflow_grpo_loss(const float* lp, const float* old, const float* ref, const float* advantages,
+                                  const float* weights, std::int64_t B, std::int64_t T, double eps_d, double beta,
+                                  float* stats, float* grad) {
   const float lo = static_cast<float>(1 - eps_d), hi = static_cast<float>(1 + eps_d), eps = static_cast<float>(eps_d);
-  for (std::int64_t g0 = 0; g0 < B; g0 += G) {
-    double mean = 0, var = 0;
-    for (std::int64_t i = g0; i < g0 + G; ++i) mean += rewards[i];
-    mean /= G;
-    for (std::int64_t i = g0; i < g0 + G; ++i) var += (rewards[i] - mean) * (rewards[i] - mean);
-    const double std = std::sqrt(var / (G - 1));
-    for (std::int64_t i = g0; i < g0 + G; ++i)
-      advantages[i] = static_cast<float>((rewards[i] - mean) / (std + std_eps));
-  }
-  double loss = 0, kl_sum = 0, clipped = 0, all_tokens = 0;
+  double loss = 0, kl_sum = 0;
+  std::int64_t tokens = 0, clipped = 0;
   for (std::int64_t b = 0; b < B; ++b) {
-    double tokens = 0;
-    for (std::int64_t t = 0; t < T; ++t) tokens += mask[b * T + t];
-    const float weight_per_mask = static_cast<float>(1.0 / (std::max(tokens, 1.0) * B));
     const float adv = advantages[b];
-    double row = 0;
     for (std::int64_t t = 0; t < T; ++t) {
       const std::int64_t k = b * T + t;
+      const float w = weights[k];
+      grad[k] = 0;
+      if (w == 0) continue;
       const float ratio = std::exp(lp[k] - old[k]);
       const float a = ratio * adv, c = std::min(std::max(ratio, lo), hi) * adv;
       const float ga = a, gc = ratio >= lo && ratio <= hi ? a : 0.0f;
-      float per_token = -std::min(a, c), g = -(a < c ? ga : (a > c ? gc : 0.5f * (ga + gc))), kl = 0;
+      float per_token = -std::min(a, c), g = -(a < c ? ga : (a > c ? gc : 0.5f * (ga + gc)));
       if (beta != 0) {
-        const float d = ref[k] - lp[k], e = std::exp(d);
-        kl = e - d - 1;
+        const float d = ref[k] - lp[k], e = std::exp(d), kl = e - d - 1;
         per_token += static_cast<float>(beta) * kl;
         g += static_cast<float>(beta) * (1 - e);
+        kl_sum += kl;
       }
-      const float w = mask[k] * weight_per_mask;
-      row += per_token * w;
+      loss += per_token * w;
       grad[k] = g * w;
-      kl_sum += kl * mask[k];
-      clipped += (std::fabs(ratio - 1) > eps ? 1 : 0) * mask[k];
+      tokens += 1;
+      clipped += std::fabs(ratio - 1) > eps ? 1 : 0;
     }
-    loss += row;
-    all_tokens += tokens;
   }
-  all_tokens = std::max(all_tokens, 1.0);
+  const double counted = static_cast<double>(std::max<std::int64_t>(tokens, 1));
   stats[0] = static_cast<float>(loss);
-  stats[1] = static_cast<float>(kl_sum / all_tokens);
-  stats[2] = static_cast<float>(clipped / all_tokens);
+  stats[1] = static_cast<float>(kl_sum / counted);
+  stats[2] = static_cast<float>(clipped / counted);
 }
 """
 
 
 @candidate(source=_CPP_SOURCE)
 def grpo_loss_cpp(
-    logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, rewards: Tensor, mask: Tensor,
-    group_size: int, clip_eps: float, beta: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Advantages, loss, statistics and gradient in two C++ loops (built on first use, cached on disk)."""
+    logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor, weights: Tensor,
+    clip_eps: float, beta: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Loss, statistics and gradient in one C++ loop (built on first use, cached on disk)."""
+    _check_arguments(logprobs, old_logprobs, ref_logprobs, advantages, weights, beta)
     kernel = load_function("grpo_loss", _CPP_SOURCE, "gymflow_grpo_loss",
-                           (PTR,) * 5 + (I64,) * 3 + (F64,) * 3 + (PTR,) * 3)
+                           (PTR,) * 5 + (I64,) * 2 + (F64,) * 2 + (PTR,) * 2)
     ref = ref_logprobs if beta != 0 else logprobs  # not read when beta == 0
 
     def compute() -> tuple:
-        lp, old, ref_, r, m = float32_cpu("grpo_loss", logprobs, old_logprobs, ref, rewards, mask)
+        lp, old, ref_, adv, w = float32_cpu("grpo_loss", logprobs, old_logprobs, ref, advantages, weights)
         B, T = lp.shape
-        if old.shape != lp.shape or ref_.shape != lp.shape or m.shape != lp.shape or r.shape != (B,) or B % group_size:
-            raise ValueError(f"grpo_loss expects [B, T] log-probs and mask, [B] rewards, B a multiple of group_size "
-                             f"{group_size}; found {tuple(lp.shape)}, {tuple(m.shape)} and {tuple(r.shape)}")
-        stats, advantages, grad = torch.empty(3), torch.empty(B), torch.empty(B, T)
-        kernel(lp.data_ptr(), old.data_ptr(), ref_.data_ptr(), r.data_ptr(), m.data_ptr(), B, T, group_size,
-               clip_eps, beta, STD_EPS, stats.data_ptr(), advantages.data_ptr(), grad.data_ptr())
-        loss, kl, clip_fraction = (x.clone() for x in stats.unbind())
-        return (loss, advantages, kl, clip_fraction), (grad,)
+        stats, grad = torch.empty(3), torch.empty(B, T)
+        kernel(lp.data_ptr(), old.data_ptr(), ref_.data_ptr(), adv.data_ptr(), w.data_ptr(), B, T, clip_eps, beta,
+               stats.data_ptr(), grad.data_ptr())
+        return tuple(x.clone() for x in stats.unbind()), (grad,)
 
     return fused_loss(compute, logprobs)
 
 
+WEIGHTS = ("random", "tokens", "zero", "full")
+"""`make_inputs`'s "weights" kinds."""
+
+
+def example_weights(kind: str, B: int, T: int, gen: torch.Generator) -> Tensor:
+    """Weights of one kind: "random" (ragged masks, every eighth row from the second empty, each row averaged as in
+    GRPO), "tokens" (the same masks averaged over all tokens, as in DAPO), "zero" (nothing counts) or "full" (every
+    token, weight 1: unnormalized, so gradients are O(1) and the verifier's absolute tolerance cannot hide them)."""
+    if kind not in WEIGHTS:
+        raise ValueError(f"grpo_loss inputs: unknown weights {kind!r}; expected one of {', '.join(WEIGHTS)}")
+    if kind == "full":
+        return torch.ones(B, T)
+    if kind == "zero":
+        return torch.zeros(B, T)
+    lengths = torch.randint(0, T + 1, (B,), generator=gen)
+    lengths[1::8] = 0  # completions cut to nothing
+    mask = (torch.arange(T) < lengths[:, None]).float()
+    if kind == "tokens":
+        return mask / mask.sum().clamp(min=1)
+    return mask / (mask.sum(1, keepdim=True).clamp(min=1) * B)
+
+
 def make_inputs(shape: dict, seed: int) -> tuple:
-    """Random arguments for {"B", "T", "G"} (B sequences in groups of G); "beta" (default 0.04; 0 passes no
-    reference), "clip_eps", "spread" (std of lp - old), "rewards": "tied" (equal within each group), "mask":
-    "random" (ragged lengths, some empty) | "full"."""
-    B, T, G = shape["B"], shape["T"], shape["G"]
+    """Random arguments for {"B", "T"}; "beta" (default 0.04; 0 passes no reference), "clip_eps" (0.2), "spread"
+    (std of lp - old, 0.2; 0: ratio exactly 1, large: most clipped), "weights" (see `example_weights`, default
+    "random"), "advantages": "zero" (every min() a tie), "padding": a value such as "nan" written into the three
+    log-probs wherever the weight is 0 (it must reach no output)."""
+    B, T = shape["B"], shape["T"]
     gen = torch.Generator().manual_seed(seed)
     logprobs = -torch.rand(B, T, generator=gen) * 5
     old = logprobs + shape.get("spread", 0.2) * torch.randn(B, T, generator=gen)
     ref = logprobs + 0.3 * torch.randn(B, T, generator=gen)
-    rewards = torch.randn(B, generator=gen)
-    if shape.get("rewards") == "tied":
-        rewards = rewards.view(-1, G)[:, :1].expand(-1, G).reshape(-1)
-    lengths = torch.randint(0, T + 1, (B,), generator=gen)
-    mask = (torch.arange(T) < lengths[:, None]).float() if shape.get("mask", "random") == "random" else torch.ones(B, T)
+    advantages = torch.randn(B, generator=gen) * (0.0 if shape.get("advantages") == "zero" else 1.0)
+    weights = example_weights(shape.get("weights", "random"), B, T, gen)
+    if "padding" in shape:
+        logprobs, old, ref = (x.masked_fill(weights == 0, float(shape["padding"])) for x in (logprobs, old, ref))
     beta = shape.get("beta", 0.04)
-    logprobs, old, ref, rewards, mask = place(shape, logprobs, old, ref, rewards, mask)
-    return logprobs, old, ref if beta != 0 else None, rewards, mask, G, shape.get("clip_eps", 0.2), beta
+    logprobs, old, ref, advantages, weights = place(shape, logprobs, old, ref, advantages, weights)
+    return logprobs, old, ref if beta != 0 else None, advantages, weights, shape.get("clip_eps", 0.2), beta
 
 
 def bucket(inputs: tuple) -> dict:
-    """Sequences and length rounded up to powers of two; the group size exactly (it changes the work per group)."""
-    logprobs, group_size = inputs[0], inputs[5]
+    """Sequences and length rounded up to powers of two."""
+    logprobs = inputs[0]
     if logprobs.dim() != 2:
         raise ValueError(f"grpo_loss expects logprobs of shape [B, T], found {tuple(logprobs.shape)}")
-    return {"B": next_pow2(logprobs.shape[0]), "T": next_pow2(logprobs.shape[1]), "G": group_size}
+    return {"B": next_pow2(logprobs.shape[0]), "T": next_pow2(logprobs.shape[1])}
 
 
 EDGE_CASES: tuple[dict, ...] = (
-    {"B": 2, "T": 1, "G": 2},
-    {"B": 4, "T": 3, "G": 2, "rewards": "tied"},  # zero std: advantages 0, every min() a tie
-    {"B": 6, "T": 7, "G": 3, "beta": 0.0},  # no KL term, no reference passed
-    {"B": 9, "T": 5, "G": 3, "spread": 0.0, "mask": "full"},  # ratio exactly 1
-    {"B": 8, "T": 33, "G": 4, "spread": 3.0, "beta": 0.1},  # nearly everything clipped
-    {"B": 16, "T": 1, "G": 16, "mask": "full"},
+    {"B": 1, "T": 1, "weights": "full"},
+    {"B": 2, "T": 3},
+    {"B": 9, "T": 5, "spread": 0.0, "weights": "full"},  # ratio exactly 1: nothing clipped, every min() a tie
+    {"B": 8, "T": 33, "spread": 3.0, "beta": 0.1},  # nearly everything clipped, both sides
+    {"B": 6, "T": 7, "beta": 0.0},  # no KL term, no reference passed
+    {"B": 5, "T": 4, "weights": "zero"},  # no token counts: every output 0
+    {"B": 4, "T": 3, "advantages": "zero", "weights": "full"},  # every min() a tie at 0
+    {"B": 16, "T": 9, "weights": "tokens", "padding": "nan"},  # DAPO's weights; padding must not leak
+    {"B": 16, "T": 1, "weights": "full"},
 )
 
 GRPO_LOSS = register(
@@ -216,10 +237,10 @@ GRPO_LOSS = register(
         candidates={"fused": grpo_loss_fused, "cpp": grpo_loss_cpp, "compile": compiled(grpo_loss_reference)},
         make_inputs=make_inputs,
         bucket=bucket,
-        dims=("B", "T", "G"),
+        dims=("B", "T"),
         edge_cases=EDGE_CASES,
         grad_argnums=(0,),
-        default_shapes=({"B": 64, "T": 256, "G": 8},),  # 8 prompts x 8 completions of up to 256 tokens
+        default_shapes=({"B": 128, "T": 64},),  # the agent flow: 16 prompts x 8 samples of up to 64 tokens
         calls_per_run=1_000,
     )
 )

@@ -14,7 +14,7 @@ from kernels.verify import build_cases, verify
 SHAPES = {
     "discounted_returns": {"T": 37, "N": 5},
     "ppo_loss": {"B": 37},
-    "grpo_loss": {"B": 12, "T": 9, "G": 4},
+    "grpo_loss": {"B": 12, "T": 9},
     "token_logprobs": {"B": 2, "T": 5, "D": 16, "V": 50},
     "policy_mlp_forward": {"B": 9, "D": 17, "H": 16, "A": 6},
     "ppo_grad": {"B": 9, "D": 17, "H": 16, "A": 6},
