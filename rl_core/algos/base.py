@@ -56,6 +56,7 @@ class UpdateHooks:
     rank: int = 0
     world_size: int = 1
     all_reduce_mean: AllReduceMean = single_process
+    all_reduce_max: AllReduceMean = single_process  # elementwise max across ranks, in place
     resume: Callable[[], Epochs] = field(default=lambda: [])
     on_epoch_end: Callable[[Epochs, bool], None] | None = None
 
@@ -73,7 +74,8 @@ class Policy(Protocol):
 
 
 class Learner(Protocol):
-    """What a training process holds: the policy it improves, its optimizer and statistics."""
+    """What a training process holds: the policy it improves, its optimizer and statistics. An algorithm registered
+    with `warm_start=True` also gives its learner `warm_start() -> metrics`, which prepares a new run's version 0."""
 
     policy: Policy  # acts with the learner's current weights (shared, not a copy)
 
@@ -99,16 +101,24 @@ class Algorithm:
     """One registered algorithm: its builders and its phase functions (see the module docstring)."""
 
     name: str
-    learner: Callable[["RunConfig", Spaces], Learner]
-    policy: Callable[["RunConfig", Spaces], Policy]
-    initial_carry: Callable[[int], Tensors]
-    """Per-env arrays an algorithm carries across iterations with the envs (checkpointed with them), for N envs."""
-    collect: Callable[["RunConfig", Policy, Any, Tensors, int, int], tuple[Tensors, dict[str, Any]]]
-    """(cfg, policy, envs, carry, iteration, first env index) -> (experience, small JSON meta); updates carry."""
+    learner: Callable[["RunConfig", "Spaces | None"], Learner]
+    policy: Callable[["RunConfig", "Spaces | None"], Policy]
     score: Callable[["RunConfig", list[Tensors], list[dict[str, Any]]], Tensors]
     """(cfg, experience of each worker in worker order, their metas) -> the batch every rank updates from."""
-    hot_ops: Callable[["RunConfig", Spaces, int, "int | None", "int | None"], Calls]
+    hot_ops: Callable[["RunConfig", "Spaces | None", int, "int | None", "int | None"], Calls]
     """(cfg, spaces, ranks, trainer threads, env-worker threads) -> the kernels its phases dispatch, to tune."""
+    initial_carry: Callable[[int], Tensors] | None = None
+    """Per-env arrays an algorithm carries across iterations with the envs (checkpointed with them), for N envs;
+    None for an algorithm whose experience does not come from env workers (GRPO's comes from rollouts)."""
+    collect: Callable[["RunConfig", Policy, Any, Tensors, int, int], tuple[Tensors, dict[str, Any]]] | None = None
+    """(cfg, policy, envs, carry, iteration, first env index) -> (experience, small JSON meta); updates carry."""
+    counters: Callable[["RunConfig", list[str], "dict[str, Any] | None"], dict[str, Any]] | None = None
+    """(cfg, the iteration's experience URIs, the parent version's meta; None for version 0) -> JSON counters of
+    the version's meta (env steps; tokens and the trajectories an update consumed), beside iteration and seed."""
+    warm_start: bool = False
+    """Whether a new run's version 0 is the learner after its `warm_start()` (GRPO: SFT) instead of as built."""
+    uses_spaces: bool = True
+    """Whether its builders need the MuJoCo task's observation and action sizes (`env_spaces`); else they get None."""
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}
@@ -138,14 +148,19 @@ def env_spaces(cfg: "RunConfig") -> Spaces:
     return Spaces(probe.obs_dim, probe.action_dim)
 
 
+def spaces_for(cfg: "RunConfig", spaces: Spaces | None = None) -> Spaces | None:
+    """`spaces`, else the run's task's when its algorithm uses them (probing a one-env batch), else None."""
+    return spaces or (env_spaces(cfg) if algorithm_of(cfg).uses_spaces else None)
+
+
 def build_learner(cfg: "RunConfig", spaces: Spaces | None = None) -> Learner:
     """The run's learner, seeded from the run's seed: equal configs give equal initial weights."""
-    return algorithm_of(cfg).learner(cfg, spaces or env_spaces(cfg))
+    return algorithm_of(cfg).learner(cfg, spaces_for(cfg, spaces))
 
 
 def build_policy(cfg: "RunConfig", spaces: Spaces | None = None) -> Policy:
     """A policy to act with; its weights come from `load_state` (a checkpoint's policy tensors)."""
-    return algorithm_of(cfg).policy(cfg, spaces or env_spaces(cfg))
+    return algorithm_of(cfg).policy(cfg, spaces_for(cfg, spaces))
 
 
 def policy_sha256(state: Tensors) -> str:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import kernels
-from rl_core.algos.base import Calls, algorithm_of, env_spaces
+from rl_core.algos.base import Calls, algorithm_of, spaces_for
 from rl_core.config import RunConfig
 
 
@@ -11,7 +11,7 @@ def hot_ops(cfg: RunConfig, num_ranks: int = 1, trainer_threads: int | None = No
     """Each op the run's algorithm dispatches, with the thread count of the process that calls it (winners are
     looked up by it), for `num_ranks` trainer ranks. The defaults describe `train_in_process`: one process calls
     everything."""
-    return algorithm_of(cfg).hot_ops(cfg, env_spaces(cfg), num_ranks, trainer_threads, env_worker_threads)
+    return algorithm_of(cfg).hot_ops(cfg, spaces_for(cfg), num_ranks, trainer_threads, env_worker_threads)
 
 
 def tune_hot_ops(calls: Calls) -> list[kernels.TuneReport]:

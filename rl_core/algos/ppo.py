@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-from torch import nn
 
 import kernels
 from rl_core.algos.base import Epochs, UpdateHooks
 from rl_core.algos.batches import ScoredBatch
+from rl_core.algos.gradients import clip_grad_norm_, flat_grad_views
 from rl_core.config import PPOConfig
 from rl_core.policies.mlp import ActorCritic
 from rl_core.seeding import torch_generator
@@ -128,22 +128,6 @@ def minibatch_gradient(
     return torch.stack([loss.detach(), *stats.values()]), torch.cat([g.reshape(-1) for g in grads])
 
 
-def _flat_grad_views(params: tuple[nn.Parameter, ...]) -> torch.Tensor:
-    """One flat buffer whose slices become each parameter's `.grad`: a minibatch's flat gradient (what the ranks
-    all-reduce) lands in every `.grad` with one copy, and the norm clip is one reduction over it."""
-    flat = torch.zeros(sum(p.numel() for p in params))
-    offset = 0
-    for p in params:
-        p.grad = flat[offset : offset + p.numel()].view_as(p)
-        offset += p.numel()
-    return flat
-
-
-def _clip_grad_norm(flat: torch.Tensor, max_norm: float) -> None:
-    """`nn.utils.clip_grad_norm_` on the flat gradient: scale it to norm `max_norm` when it is longer."""
-    flat.mul_(torch.clamp(max_norm / (torch.linalg.vector_norm(flat) + 1e-6), max=1.0))
-
-
 def ppo_update(
     model: ActorCritic,
     optimizer: torch.optim.Optimizer,
@@ -165,7 +149,7 @@ def ppo_update(
         return history
     for group in optimizer.param_groups:
         group["lr"] = learning_rate
-    grad = _flat_grad_views(model.ordered_parameters)
+    grad = flat_grad_views(model.ordered_parameters)
     size = len(batch)
     for epoch in range(len(done), cfg.update_epochs):
         perm = torch.randperm(size, generator=torch_generator(generator_seed, epoch))
@@ -187,7 +171,7 @@ def ppo_update(
                     "intact. Lower algorithm.learning_rate or check the rewards/observations for NaN or inf.")
             grad.copy_(minibatch_grad)
             hooks.all_reduce_mean(grad)
-            _clip_grad_norm(grad, cfg.max_grad_norm)
+            clip_grad_norm_(grad, cfg.max_grad_norm)
             optimizer.step()
             totals = stats if totals is None else totals + stats
             steps += 1

@@ -14,6 +14,7 @@ import torch
 from rl_core.algos.advantages import score_experience
 from rl_core.algos.base import Algorithm, Calls, Spaces, Tensors, UpdateHooks, register_algorithm
 from rl_core.algos.batches import Experience, ScoredBatch
+from rl_core.algos.optimizer_state import load_optimizer_arrays, optimizer_arrays
 from rl_core.algos.ppo import RolloutBatch, decoupled, ppo_update, summarize_epochs
 from rl_core.algos.rollout import collect_rollout
 from rl_core.config import PPOConfig, RunConfig
@@ -106,28 +107,25 @@ class PPOLearner:
         return self.policy.state()
 
     def state(self) -> Tensors:
-        out = self.policy.state()
-        optimizer_slots = self._optimizer.state_dict()["state"] if self._optimizer is not None else {}
-        for idx, slots in optimizer_slots.items():
-            for key, value in slots.items():
-                out[f"optim.{idx}.{key}"] = value.detach().numpy().copy()
-        return out
+        return {**self.policy.state(), **optimizer_arrays(self._optimizer)}
 
     def load_state(self, state: Tensors) -> None:
         self.policy.load_state(state)
-        slots: dict[int, dict[str, torch.Tensor]] = {}
-        for key, value in state.items():
-            if key.startswith("optim."):
-                _, idx, name = key.split(".", 2)
-                slots.setdefault(int(idx), {})[name] = torch.from_numpy(value.copy())
-        optim_state = self.optimizer.state_dict()
-        optim_state["state"] = slots
-        self.optimizer.load_state_dict(optim_state)
+        load_optimizer_arrays(self.optimizer, state)
 
 
 def initial_carry(num_envs: int) -> Tensors:
     """Each env's running discounted return (reward scaling), carried with the env across iterations."""
     return {"discounted_return": np.zeros(num_envs)}
+
+
+RNG_SCHEME = "counter-based: every stream is seeded from (seed, iteration, env index, episode index)"
+
+
+def counters(cfg: RunConfig, experience: list[str], parent_meta: dict[str, Any] | None) -> dict[str, Any]:
+    """The run's env-step count and how its randomness is seeded."""
+    steps = 0 if parent_meta is None else parent_meta["env_steps"] + cfg.batch_size
+    return {"env_steps": steps, "rng": RNG_SCHEME}
 
 
 def collect(cfg: RunConfig, policy: PPOPolicy, env: Any, carry: Tensors, iteration: int,
@@ -175,8 +173,9 @@ register_algorithm(Algorithm(
     name="ppo",
     learner=PPOLearner,
     policy=build_policy,
-    initial_carry=initial_carry,
-    collect=collect,
     score=score,
     hot_ops=hot_ops,
+    counters=counters,
+    initial_carry=initial_carry,
+    collect=collect,
 ))

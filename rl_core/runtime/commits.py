@@ -1,21 +1,22 @@
 """Turning step outputs into committed checkpoint versions: version v is the state after v iterations.
 
-A version holds the learner (weights, Adam, statistics) and every env's state (joined across workers
-in global env order, so the pool can be re-split), plus JSON meta: counters and the configuration.
-Committing is idempotent: asking again for a version that exists returns it instead of writing twice.
+A version holds the learner (weights, optimizer, statistics) and, for algorithms whose experience comes from env
+workers, every env's state (joined across workers in global env order, so the pool can be re-split), plus JSON
+meta: the algorithm's counters (env steps; tokens and the trajectories an update consumed), the seed and the
+configuration. Committing is idempotent: asking again for a version that exists returns it instead of writing twice.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import fsspec
 import numpy as np
 
-from rl_core.algos.base import Tensors
+from rl_core.algos.base import Tensors, algorithm_of
 from rl_core.algos.batches import ENV_STATE_PREFIX
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout, read_tensors
-
-RNG_SCHEME = "counter-based: every stream is seeded from (seed, iteration, env index, episode index)"
 
 
 def _store(cfg: RunConfig) -> CheckpointStore:
@@ -23,19 +24,44 @@ def _store(cfg: RunConfig) -> CheckpointStore:
 
 
 def _summary(store: CheckpointStore, version: int) -> dict:
+    """The version, its sizes and its numeric counters (iteration, env steps or tokens...)."""
     report = store.size_report(version)
-    return {"version": version, "encoded_bytes": report["encoded_bytes"], "raw_bytes": report["raw_bytes"],
-            "env_steps": store.manifest(version)["meta"]["env_steps"]}
+    counters = {k: v for k, v in store.manifest(version)["meta"].items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {**counters, "version": version, "encoded_bytes": report["encoded_bytes"],
+            "raw_bytes": report["raw_bytes"]}
 
 
-def commit_initial(cfg: RunConfig, learner_state: Tensors) -> dict:
-    """Version 0 (the seeded learner; envs start fresh from the seed), unless the run already has versions."""
+def _meta(cfg: RunConfig, iteration: int, experience: list[str], parent_meta: dict | None) -> dict:
+    counting = algorithm_of(cfg).counters
+    counters = counting(cfg, experience, parent_meta) if counting else {}
+    return {"iteration": iteration, **counters, "seed": cfg.seed, "config": cfg.model_dump(mode="json")}
+
+
+def join_env_states(experience: list[str]) -> Tensors:
+    """Every env's end state from the workers' experience shards, in global env order (none in other experience)."""
+    parts = [read_tensors(uri)[0] for uri in experience]
+    return {key: np.concatenate([part[key] for part in parts], axis=0)
+            for key in (parts[0] if parts else {}) if key.startswith(ENV_STATE_PREFIX)}
+
+
+def commit_initial(cfg: RunConfig, learner_state: Tensors | Callable[[], Tensors]) -> dict:
+    """Version 0 (the initial learner; envs start fresh from the seed), unless the run already has versions.
+    `learner_state` may be a function giving it, called only when version 0 is to be committed."""
     store = _store(cfg)
     latest = store.latest()
     if latest is None:
-        latest = store.commit(learner_state, {"iteration": 0, "env_steps": 0, "seed": cfg.seed,
-                                              "rng": RNG_SCHEME, "config": cfg.model_dump(mode="json")})
+        state = learner_state() if callable(learner_state) else learner_state
+        latest = store.commit(state, _meta(cfg, 0, [], None))
     return _summary(store, latest)
+
+
+def remove_staged(uris: list[str]) -> None:
+    """Delete step outputs a committed version now holds (ignoring ones already gone)."""
+    for uri in uris:
+        fs, path = fsspec.core.url_to_fs(uri)
+        if fs.exists(path):
+            fs.rm(path)
 
 
 def commit_iteration(cfg: RunConfig, iteration: int, version: int, staged: str, experience: list[str]) -> dict:
@@ -48,13 +74,8 @@ def commit_iteration(cfg: RunConfig, iteration: int, version: int, staged: str, 
         raise RuntimeError(f"iteration {iteration} trained from version {version} but the newest committed "
                            f"version of {cfg.run_url} is {latest}; rerun the flow to continue from {latest}")
     tensors, _ = read_tensors(staged)
-    env_parts = [read_tensors(uri)[0] for uri in experience]
-    for key in (k for k in env_parts[0] if k.startswith(ENV_STATE_PREFIX)):
-        tensors[key] = np.concatenate([part[key] for part in env_parts], axis=0)
-    parent_meta = store.manifest(version)["meta"]
-    steps = parent_meta["env_steps"] + cfg.batch_size
-    new = store.commit(tensors, {"iteration": iteration + 1, "env_steps": steps, "seed": cfg.seed,
-                                 "rng": RNG_SCHEME, "config": cfg.model_dump(mode="json")})
+    meta = _meta(cfg, iteration + 1, experience, store.manifest(version)["meta"])
+    new = store.commit({**tensors, **join_env_states(experience)}, meta)
     summary = _summary(store, new)
     fs, path = fsspec.core.url_to_fs(RunLayout(cfg.run_url).iteration(iteration))
     fs.rm(path, recursive=True)  # the committed version now holds everything the step outputs carried

@@ -1,0 +1,28 @@
+"""One flat gradient buffer per model: what trainer ranks all-reduce and what the norm clip scales.
+
+A minibatch's gradient is written into one flat tensor whose slices are every parameter's `.grad`, so averaging it
+across ranks is one collective and the optimizer reads the averaged values without a copy.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def flat_grad_views(params: tuple[nn.Parameter, ...]) -> torch.Tensor:
+    """One flat buffer whose slices become each parameter's `.grad`: a minibatch's flat gradient (what the ranks
+    all-reduce) lands in every `.grad` with one copy, and the norm clip is one reduction over it."""
+    flat = torch.zeros(sum(p.numel() for p in params))
+    offset = 0
+    for p in params:
+        p.grad = flat[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
+
+def clip_grad_norm_(flat: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """`nn.utils.clip_grad_norm_` on the flat gradient: scale it to norm `max_norm` when it is longer; returns the
+    norm before clipping."""
+    norm = torch.linalg.vector_norm(flat)
+    flat.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    return norm
