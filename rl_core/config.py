@@ -208,6 +208,11 @@ class RunConfig(BaseModel):
         return self
 
     @property
+    def actor_cpus(self) -> int:
+        """Logical CPUs the run's Ray actors ask for: one per env worker and per trainer rank."""
+        return self.env.num_workers + self.num_ranks
+
+    @property
     def batch_size(self) -> int:
         """Env steps collected per iteration."""
         return self.env.num_envs * self.env.rollout_steps
@@ -251,5 +256,6 @@ def format_validation_error(err: Any, title: str = "invalid run configuration:",
         field = ".".join(str(p) for p in e["loc"]) or "config"
         flag = (flags or {}).get(field)
         shown = f"{field} (--{flag.replace('_', '-')})" if flag and flag != field else field
-        lines.append(f"  {shown}: {e['msg']} (got {e.get('input')!r})")
+        got = f" (got {e.get('input')!r})" if e["loc"] else ""  # a whole-config check names its fields itself
+        lines.append(f"  {shown}: {e['msg']}{got}")
     return "\n".join(lines)

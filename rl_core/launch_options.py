@@ -64,25 +64,44 @@ def _field_options(model: type[BaseModel], prefix: tuple[str, ...]) -> list[Laun
     return options
 
 
-def launch_options() -> dict[str, LaunchOption]:
-    """Every launch option by name, in a stable order: preset, the run's fields, env, storage, algorithm."""
-    preset = LaunchOption("preset", None, str, "Named run size: quick, full or tiny (rl_core/run_presets.py).",
-                          "quick")
-    randomize = LaunchOption("randomize_dynamics", None, float, "Scale each env's masses, friction and damping by "
-                             "U(1-F, 1+F), per env and seeded (default: off).")
-    algorithm = LaunchOption("algorithm", ("algorithm", "name"), str,
-                             AlgorithmConfig.model_fields["name"].description or "", "ppo")
-    options = [preset, *_field_options(RunConfig, ()), *_field_options(EnvConfig, ("env",)), randomize,
-               *_field_options(StorageConfig, ("storage",)), algorithm]
+def _table(options: list[LaunchOption]) -> dict[str, LaunchOption]:
     table = {o.name: o for o in options}
     if len(table) != len(options):
         raise RuntimeError("two configuration fields claim the same launch option name")
     return table
 
 
-def nest_options(values: dict[str, Any]) -> dict[str, Any]:
-    """The given (not None) field options as a nested RunConfig dict; options that are not fields are left out."""
-    table = launch_options()
+def launch_options() -> dict[str, LaunchOption]:
+    """Every launch option of a control run by name, in a stable order: preset, the run's fields, env, storage,
+    algorithm."""
+    preset = LaunchOption("preset", None, str, "Named run size: quick, full or tiny (rl_core/run_presets.py).",
+                          "quick")
+    randomize = LaunchOption("randomize_dynamics", None, float, "Scale each env's masses, friction and damping by "
+                             "U(1-F, 1+F), per env and seeded (default: off).")
+    algorithm = LaunchOption("algorithm", ("algorithm", "name"), str,
+                             AlgorithmConfig.model_fields["name"].description or "", "ppo")
+    return _table([preset, *_field_options(RunConfig, ()), *_field_options(EnvConfig, ("env",)), randomize,
+                   *_field_options(StorageConfig, ("storage",)), algorithm])
+
+
+def agent_launch_options() -> dict[str, LaunchOption]:
+    """Every launch option of an agent run (`AgentRunConfig`): preset, the run's fields, then each section's, GRPO's
+    hyper-parameters included (an agent run has one algorithm)."""
+    from rl_core.agent_config import AgentRunConfig
+
+    preset = LaunchOption("preset", None, str, "Named run size: quick, full or tiny (rl_core/agent_presets.py).",
+                          "quick")
+    sections = [*_field_options(AgentRunConfig, ())]
+    for name in AgentRunConfig.SECTIONS:
+        model = AgentRunConfig.model_fields[name].annotation
+        sections += [o for o in _field_options(model, (name,)) if o.path != ("algorithm", "name")]
+    return _table([preset, *sections])
+
+
+def nest_options(values: dict[str, Any], table: dict[str, LaunchOption] | None = None) -> dict[str, Any]:
+    """The given (not None) field options as a nested config dict; options that are not fields are left out.
+    `table`: the options of the run's kind (default: a control run's)."""
+    table = table or launch_options()
     unknown = sorted(set(values) - set(table))
     if unknown:
         raise TypeError(f"unknown launch option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "

@@ -2,4 +2,4 @@
 
 Importing the package registers the built-in algorithms, so a config's `algorithm.name` always finds them.
 """
-from rl_core.algos import ppo_learner  # noqa: F401  (registers "ppo")
+from rl_core.algos import grpo_learner, ppo_learner  # noqa: F401  (register "grpo" and "ppo")

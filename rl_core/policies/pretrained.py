@@ -76,8 +76,9 @@ def spec_from_hf_config(config: dict[str, Any], source: str) -> LlamaSpec:
     return LlamaSpec(**values)
 
 
-def load_pretrained(directory: str | Path) -> tuple[LlamaLM, CharTokenizer]:
-    """The model and tokenizer that `save_pretrained` wrote to `directory`."""
+def check_pretrained(directory: str | Path) -> tuple[LlamaSpec, CharTokenizer]:
+    """The spec and tokenizer of the model that `save_pretrained` wrote to `directory` (its weights are not read), or
+    an error saying what is missing or why LlamaLM cannot run it."""
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"load_pretrained: {directory} is not a directory; pass one written by "
@@ -87,11 +88,21 @@ def load_pretrained(directory: str | Path) -> tuple[LlamaLM, CharTokenizer]:
             raise FileNotFoundError(f"load_pretrained: {directory} has no {name}; a model directory written by "
                                     f"save_pretrained holds {CONFIG_FILE}, {WEIGHTS_FILE} and "
                                     f"{char_tokenizer.FILE_NAME}")
-    spec = spec_from_hf_config(json.loads((directory / CONFIG_FILE).read_text()), str(directory / CONFIG_FILE))
+    try:
+        config = json.loads((directory / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"load_pretrained: {directory / CONFIG_FILE} is not JSON ({err})") from None
+    spec = spec_from_hf_config(config, str(directory / CONFIG_FILE))
     tokenizer = CharTokenizer.load(directory / char_tokenizer.FILE_NAME)
     if tokenizer.vocab_size != spec.vocab_size:
         raise ValueError(f"load_pretrained: {directory}'s tokenizer has {tokenizer.vocab_size} ids but its model's "
                          f"vocab_size is {spec.vocab_size}; the two files come from different models")
+    return spec, tokenizer
+
+
+def load_pretrained(directory: str | Path) -> tuple[LlamaLM, CharTokenizer]:
+    """The model and tokenizer that `save_pretrained` wrote to `directory`."""
+    spec, tokenizer = check_pretrained(directory)
     model = LlamaLM(spec)
-    model.load_hf_state(load_file(directory / WEIGHTS_FILE))
+    model.load_hf_state(load_file(Path(directory) / WEIGHTS_FILE))
     return model.eval(), tokenizer

@@ -11,6 +11,7 @@ from rl_core.envs.agent.registry import (
     agent_env_names,
     make_agent_env,
     register_agent_env,
+    uses_simulator,
     validate_agent_env_name,
 )
 
@@ -20,5 +21,5 @@ for _env in (Arithmetic, CalcTool, PendulumGains):
 __all__ = [
     "AgentEnv", "Arithmetic", "CalcTool", "PendulumGains", "PlanEvaluator", "Split", "agent_env_names", "draw_problem",
     "evaluate_plans", "make_agent_env", "parse_plan", "problem_split", "register_agent_env", "split_seeds",
-    "validate_agent_env_name",
+    "uses_simulator", "validate_agent_env_name",
 ]

@@ -6,10 +6,13 @@ actions. The calculator parses two numbers and one of + - * (never eval); a call
 `<out>error</out>` and costs a turn. An action that is neither a call nor an answer ends the episode with 0.
 
 Which demonstrations the SFT warm start imitates (`sft_demonstration`): the answer alone (`direct_demonstration`)
-for most problems and the tool episode (`demonstration`) for a few (`SFT_TOOL_FRACTION`). A tiny model cannot
+for most problems and the tool episode (`demonstration`) for some (`SFT_TOOL_FRACTION`). A tiny model cannot
 multiply these in its head, so after SFT it writes answers in the right form that are mostly wrong, and calls the
 tool only now and then: RL has a large reward gap to close by discovering that the tool pays. SFT on the tool
-episode alone would leave RL nothing to find; SFT that never shows the tool would leave it nothing to sample.
+episode alone would leave RL nothing to find; SFT that never shows the tool would leave it nothing to sample; and
+too few tool episodes teach the call but not the copying of its output (with 1 in 10, a 2-layer 64-wide model after
+600 steps of 64 called the tool in 9 of 100 held-out problems and copied the output right in none; with 3 in 10 it
+called it in 29 and copied right in 22).
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from rl_core.envs.agent.contract import Split, draw_problem, split_seeds
 
 STREAM = 0x43414C43  # "CALC"
 SFT_STREAM = 0x53465443  # "SFTC": which problems the SFT mix shows with the tool
-SFT_TOOL_FRACTION = 0.1
+SFT_TOOL_FRACTION = 0.3
 MAX_TURNS = 3
 ERROR_OUTPUT = "<out>error</out>"
 ALPHABET = "".join(sorted(set("0123456789+-*=<>/" + "calc" + "out" + "ans" + "error")))

@@ -26,6 +26,9 @@ from rl_core.envs.batched import BatchedMujocoEnv
 from rl_core.envs.registry import make_batch
 
 STREAM = 0x50454E44  # "PEND"
+SFT_STREAM = 0x53465450  # "SFTP": the gains the SFT warm start imitates
+SFT_KP_RANGE = (0.0, 40.0)  # wider than the gains that work (about kp 5-20 with kd 0.5-2): RL has room to gain
+SFT_KD_RANGE = (0.0, 6.0)
 TASK = "InvertedPendulum-v5"
 EPISODE_STEPS = 200  # 8 s of simulated time: long enough that a marginal controller falls, short enough to be cheap
 KP_RANGE = (0.0, 50.0)
@@ -121,6 +124,7 @@ class PendulumGains:
     """
 
     name = "PendulumGains-v0"
+    uses_simulator = True  # takes an `evaluator`, which a runtime may route to its simulation workers
     alphabet = ALPHABET
     max_turns = 1
     stop = ("\n",)
@@ -150,6 +154,13 @@ class PendulumGains:
     def demonstration(self, seed: int) -> list[str]:
         """The scripted plan, which keeps the pole up from every start state."""
         return [f"kp={DEMO_GAINS[0]:.1f} kd={DEMO_GAINS[1]:.1f}\n"]
+
+    def sft_demonstration(self, seed: int) -> list[str]:
+        """What the SFT warm start imitates: a well-formed plan with gains drawn from (SFT_STREAM, seed) over ranges
+        that hold good and bad plans alike, so the warm-started policy writes plans and RL learns which ones hold."""
+        rng = np.random.default_rng([SFT_STREAM, seed])
+        kp, kd = rng.uniform(*SFT_KP_RANGE), rng.uniform(*SFT_KD_RANGE)
+        return [f"kp={kp:.1f} kd={kd:.1f}\n"]
 
     def problem_seeds(self, split: Split, count: int, start: int = 0) -> list[int]:
         """Seeds of `split`; train and held-out share neither seeds nor problems."""

@@ -33,7 +33,18 @@ def validate_agent_env_name(name: str) -> None:
                          "needs its module imported first (env_module / --env-module)")
 
 
-def make_agent_env(name: str) -> AgentEnv:
-    """A new env object of the agent env called `name`."""
+def uses_simulator(name: str) -> bool:
+    """Whether agent env `name` scores actions by simulation: it then takes an `evaluator` (plans, problem seeds ->
+    rewards), which a runtime may route to its simulation workers."""
     validate_agent_env_name(name)
-    return _FACTORIES[name]()
+    return bool(getattr(_FACTORIES[name], "uses_simulator", False))
+
+
+def make_agent_env(name: str, evaluator: Callable | None = None) -> AgentEnv:
+    """A new env object of the agent env called `name`; `evaluator` replaces a simulated env's own."""
+    validate_agent_env_name(name)
+    if evaluator is None:
+        return _FACTORIES[name]()
+    if not uses_simulator(name):
+        raise ValueError(f"agent env {name!r} does not simulate, so it takes no evaluator")
+    return _FACTORIES[name](evaluator=evaluator)
