@@ -7,3 +7,7 @@ tiny MLP gains nothing from more."""
 
 ENV_WORKER_THREADS = 1
 """An env worker: workers share the cores, and a rollout step's tiny policy batch gains nothing from more."""
+
+GENERATOR_THREADS = 1
+"""The generator actor: it samples while the trainer ranks wait (and the reverse), and a small LM's decode step is too
+small to split."""

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 
 import fsspec
 
+from rl_core.agent_config import AgentRunConfig, AnyRunConfig
 from rl_core.config import ConfigError, RunConfig, migrate_flat_config
 from rl_core.data.run_layout import RunLayout
 
@@ -22,6 +23,9 @@ CONTINUABLE_FIELDS = {"iterations", "eval_episodes", "storage.url", "storage.epo
                       "storage.epoch_checkpoint_min_s", "collective_timeout_s", "env.num_workers",
                       "env.envs_per_worker"}
 ENV_COUNT = "env.num_workers x env.envs_per_worker"
+# An agent run may also change its evaluation and how many workers simulate for it, not what it trains or samples.
+AGENT_CONTINUABLE_FIELDS = {"iterations", "eval_problems", "storage.url", "storage.epoch_checkpoint_every",
+                            "storage.epoch_checkpoint_min_s", "collective_timeout_s", "env.num_workers"}
 
 
 @dataclass(frozen=True)
@@ -31,12 +35,12 @@ class RunInfo:
     is_new: bool
 
 
-def _dotted(values: dict, prefix: str = "") -> dict:
+def _dotted(values: dict, sections: tuple[str, ...], prefix: str = "") -> dict:
     """A nested config dict as {"env.name": ...}: sections' fields are compared one by one."""
     out: dict = {}
     for key, value in values.items():
-        if isinstance(value, dict) and key in RunConfig.SECTIONS and not prefix:
-            out.update(_dotted(value, f"{key}."))
+        if isinstance(value, dict) and key in sections and not prefix:
+            out.update(_dotted(value, sections, f"{key}."))
         else:
             out[prefix + key] = value
     return out
@@ -44,8 +48,10 @@ def _dotted(values: dict, prefix: str = "") -> dict:
 
 def _comparable(cfg: dict) -> dict:
     """The fields a continued run must keep, dotted, from a stored (any layout) or current config dict."""
+    if cfg.get("flow") == "agent":
+        return {k: v for k, v in _dotted(cfg, AgentRunConfig.SECTIONS).items() if k not in AGENT_CONTINUABLE_FIELDS}
     nested = migrate_flat_config(cfg)
-    fields = {k: v for k, v in _dotted(nested).items() if k not in CONTINUABLE_FIELDS}
+    fields = {k: v for k, v in _dotted(nested, RunConfig.SECTIONS).items() if k not in CONTINUABLE_FIELDS}
     fields[ENV_COUNT] = nested["env"]["num_workers"] * nested["env"]["envs_per_worker"]
     return fields
 
@@ -64,7 +70,7 @@ def load_run_config(store: str, run_name: str) -> RunConfig:
     return RunConfig.model_validate({**config, "storage": {**config.get("storage", {}), "url": located.storage.url}})
 
 
-def open_run(cfg: RunConfig) -> RunInfo:
+def open_run(cfg: AnyRunConfig) -> RunInfo:
     """Create the run's run.json, or check that an existing one was made with a compatible config."""
     layout = RunLayout(cfg.run_url)
     fs, path = fsspec.core.url_to_fs(layout.run_info)

@@ -35,6 +35,15 @@ class RunLayout:
     def staged_learner(self, iteration: int) -> str:
         return f"{self.iteration(iteration)}/learner.safetensors"
 
+    @property
+    def warm_start(self) -> str:
+        """A new run's warm-started learner (SFT), until it is committed as version 0."""
+        return f"{self.run_url}/steps/warm-start.safetensors"
+
+    def trajectories(self, iteration: int, chunk: int) -> str:
+        """Token-exact trajectories of rollout chunk `chunk` of `iteration`: kept after the commit (lineage)."""
+        return f"{self.run_url}/trajectories/{iteration:06d}/chunk-{chunk:03d}.safetensors"
+
     def train_progress(self, iteration: int) -> str:
         """Epoch checkpoints of iteration's update: removed with the iteration's step outputs once committed."""
         return f"{self.iteration(iteration)}/train-progress"

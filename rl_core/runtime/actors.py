@@ -35,6 +35,11 @@ class RunActors:
                 self._trainer_group = TrainerGroup(self.cfg)
             return self._trainer_group
 
+    def evaluate(self, version: int) -> dict:
+        """Mean returns of `cfg.eval_episodes` deterministic-policy episodes of `version` (and a random policy's),
+        and the policy's sha256."""
+        return self.env_pool.evaluate(version, self.cfg.eval_episodes)
+
     def start(self) -> None:
         """Create every actor without waiting for it (each imports torch and builds its envs meanwhile)."""
         self.env_pool.start()

@@ -38,7 +38,7 @@ class EnvWorkerPool:
     """The run's env workers: `simulate` fans one iteration out to all of them."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        ensure_ray(cfg.env.num_workers + cfg.num_ranks)
+        ensure_ray(cfg.actor_cpus)
         self.cfg = cfg
         self.total_envs = cfg.env.num_envs
         self.num_workers = cfg.env.num_workers

@@ -2,7 +2,9 @@
 
 `GYMFLOW_FAULTS` holds `;`-separated specs `point:key=value,...`, e.g. `train.epoch_end:iteration=1,rank=0,epoch=3`.
 A spec fires when the point is reached with matching context, once (or `count=N` times): each firing leaves a
-marker file in `GYMFLOW_FAULT_DIR` (required when faults are set), so the retries after it run normally.
+marker file in `GYMFLOW_FAULT_DIR` (required when faults are set), so the retries after it run normally. A firing
+raises InjectedFault; with `action=kill` it SIGKILLs the process that reached the point (a crashed actor), with
+`action=stall` that process stops there for an hour (a hung step, or a moment for a drill to kill the whole run).
 Unset: no-op.
 Env workers and trainer ranks receive the GYMFLOW_* variables of the driver (see `gymflow_env_vars`).
 """
@@ -10,6 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import time
+
+STALL_S = 3600.0
 
 
 class InjectedFault(RuntimeError):
@@ -32,6 +38,7 @@ def maybe_fail(point: str, **context: object) -> None:
             continue
         wanted = dict(c.split("=", 1) for c in conditions.split(",") if c)
         count = int(wanted.pop("count", "1"))
+        action = wanted.pop("action", "raise")
         if any(str(context.get(k)) != v for k, v in wanted.items()):
             continue
         tag = hashlib.sha256(spec.strip().encode()).hexdigest()[:16]
@@ -41,4 +48,8 @@ def maybe_fail(point: str, **context: object) -> None:
                     pass
             except FileExistsError:
                 continue
+            if action == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if action == "stall":
+                time.sleep(STALL_S)
             raise InjectedFault(f"injected fault at {point} ({spec.strip()}), firing {firing + 1} of {count}")

@@ -16,9 +16,15 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from rl_core.algos.base import Epochs, Tensors, UpdateHooks, build_learner, single_process
+from rl_core.agent_config import parse_run_config
+from rl_core.algos.base import (
+    Epochs,
+    Tensors,
+    UpdateHooks,
+    build_learner,
+    single_process,
+)
 from rl_core.checkpoint import CheckpointStore
-from rl_core.config import RunConfig
 from rl_core.data import RunLayout, read_tensors, write_tensors
 from rl_core.runtime.faults import maybe_fail
 from rl_core.threads import TRAINER_THREADS
@@ -29,7 +35,7 @@ class TrainerRank:
 
     def __init__(self, config_json: str, rank: int, world_size: int) -> None:
         torch.set_num_threads(TRAINER_THREADS)
-        self.cfg = RunConfig.model_validate_json(config_json)
+        self.cfg = parse_run_config(config_json)
         self.rank, self.world_size = rank, world_size
         self.layout = RunLayout(self.cfg.run_url)
         self.store = CheckpointStore(self.layout.checkpoints, full_every=self.cfg.storage.full_every)
@@ -52,6 +58,10 @@ class TrainerRank:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         tensor.div_(self.world_size)
 
+    @staticmethod
+    def _all_reduce_max(tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+
     def _sync(self, version: int) -> None:
         if self.learner_version != version:
             self.learner.load_state(self.store.load(version).tensors)
@@ -60,6 +70,14 @@ class TrainerRank:
     def initial_state(self) -> Tensors:
         """The seeded learner state of a new run (version 0)."""
         return self.learner.state()
+
+    def warm_start(self, uri: str) -> dict[str, float]:
+        """Prepare a new run's version 0 with the learner's warm start (GRPO: SFT on demonstrations) and write the
+        learner state to `uri`; the metrics of the warm start."""
+        metrics = self.learner.warm_start()
+        write_tensors(uri, self.learner.state(), {"warm_start": metrics})
+        self.learner_version = None  # the store's version 0 is what every rank loads from now on
+        return metrics
 
     def train(self, iteration: int, version: int) -> dict:
         """The learner's update on iteration's scored batch, from checkpoint `version`; rank 0 stages the result.
@@ -76,6 +94,7 @@ class TrainerRank:
         hooks = UpdateHooks(
             rank=self.rank, world_size=self.world_size,
             all_reduce_mean=self._all_reduce_mean if self.world_size > 1 else single_process,
+            all_reduce_max=self._all_reduce_max if self.world_size > 1 else single_process,
             resume=lambda: self._restore_progress(progress, iteration, version),
             on_epoch_end=self._progress_saver(progress, iteration, version),
         )

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 import ray
 
-from rl_core.config import RunConfig
+from rl_core.agent_config import AnyRunConfig
 from rl_core.runtime.local_ray import actor_options, ensure_ray, is_local_ray, wait_until_names_free
 from rl_core.runtime.trainer import TrainerRank
 
@@ -34,8 +34,8 @@ def _free_port(host: str) -> int:
 class TrainerGroup:
     """The run's trainer ranks; `train(k, ...)` runs rank k's share of one iteration's update."""
 
-    def __init__(self, cfg: RunConfig, master_addr: str = "127.0.0.1") -> None:
-        ensure_ray(cfg.env.num_workers + cfg.num_ranks)
+    def __init__(self, cfg: AnyRunConfig, master_addr: str = "127.0.0.1") -> None:
+        ensure_ray(cfg.actor_cpus)
         self.cfg = cfg
         self.master_addr = master_addr
         self._ranks: list[ray.actor.ActorHandle] = []
@@ -85,6 +85,10 @@ class TrainerGroup:
     def initial_state(self) -> dict[str, np.ndarray]:
         """The seeded initial learner state (from rank 0)."""
         return ray.get(self._ensure()[0].initial_state.remote())
+
+    def warm_start(self, uri: str) -> dict[str, float]:
+        """Rank 0 runs the learner's warm start (GRPO: SFT) and writes the state a new run commits as version 0."""
+        return ray.get(self._ensure()[0].warm_start.remote(uri))
 
     def train(self, rank: int, iteration: int, version: int) -> dict:
         """Rank `rank`'s part of iteration `iteration`, from checkpoint `version`; all ranks must be called."""
