@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test bench clean
+.PHONY: install train train-agent test bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ install: $(VENV)/.installed
 
 train: install
 	$(PY) -m flows.cli train --preset quick $(ARGS)
+
+train-agent: install
+	$(PY) -m flows.cli train-agent --preset quick $(ARGS)
 
 test: install
 	$(PY) -m pytest -q $(ARGS)

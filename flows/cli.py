@@ -1,10 +1,10 @@
-"""The command line: `gymflow train [options]` and `gymflow evaluate --run-name NAME` (the console script; the same
-as `python -m flows.cli ...`).
+"""The command line: `gymflow train [options]`, `gymflow train-agent [options]` and `gymflow evaluate --run-name
+NAME` (the console script; the same as `python -m flows.cli ...`).
 
-`train` runs the control flow on embedded defaults (a temporary local Prefect API, a local Ray on 127.0.0.1, a
-file:// store under ./runs) with a progress bar, prints a summary and ends with one JSON line. Its options are the
-run's launch options (`rl_core.launch_options`), derived from the configuration models: `--env`, `--seed`,
-`--num-workers`... with each field's description as help.
+`train` runs the control flow, `train-agent` the agent flow, on embedded defaults (a temporary local Prefect API, a
+local Ray on 127.0.0.1, a file:// store under ./runs) with a progress bar, prints a summary and ends with one JSON
+line. Their options are the run's launch options (`rl_core.launch_options`), derived from the configuration
+models: `--env`, `--seed`, `--num-workers`... with each field's description as help.
 """
 from __future__ import annotations
 
@@ -14,23 +14,29 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
-from rl_core.launch_options import launch_options
+from rl_core.launch_options import LaunchOption, agent_launch_options, launch_options
 
 SUMMARY_KEYS = ("final_return", "random_return", "env_steps", "wall_s", "loop_s", "first_iteration_s", "command_s",
                 "run_dir", "policy_sha256", "iterations")
+AGENT_SUMMARY_KEYS = ("accuracy_sft", "accuracy_final", "mean_reward_sft", "mean_reward_final", "tokens_generated",
+                      "logprob_parity_max", "wall_s", "loop_s", "command_s", "run_dir", "policy_sha256", "iterations",
+                      "env")
 
 
-def _train_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("train", help="train a control agent (PPO on MuJoCo) through the train-control flow")
-    for opt in launch_options().values():
+def _train_parser(sub: argparse._SubParsersAction, command: str, text: str,
+                  options: dict[str, LaunchOption]) -> None:
+    parser = sub.add_parser(command, help=text)
+    for opt in options.values():
         flag = "--" + opt.name.replace("_", "-")
         default = f" (default: {opt.default})" if opt.default is not None else ""
-        if opt.kind is bool:
-            parser.add_argument(flag, action="store_const", const=True, help=opt.description + default)
+        text = (opt.description + default).replace("%", "%%")  # argparse formats help with %
+        if opt.kind is bool:  # --flag / --no-flag; unset: the preset's value
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
         else:
-            parser.add_argument(flag, type=opt.kind, default=opt.entry_default, help=opt.description + default)
+            parser.add_argument(flag, type=opt.kind, default=opt.entry_default, help=text)
     parser.add_argument("--store-credentials-block", metavar="SLUG",
                         help="Prefect block with the store's S3 credentials: secret/<name> or aws-credentials/<name>")
     parser.add_argument("--verbose", action="store_true", help="show Prefect's task-run logs too")
@@ -47,7 +53,10 @@ def _evaluate_parser(sub: argparse._SubParsersAction) -> None:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="gymflow", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    _train_parser(sub)
+    _train_parser(sub, "train", "train a control agent (PPO on MuJoCo) through the train-control flow",
+                  launch_options())
+    _train_parser(sub, "train-agent", "train an LLM agent (GRPO on text tasks) through the train-agent flow",
+                  agent_launch_options())
     _evaluate_parser(sub)
     return parser.parse_args(argv)
 
@@ -64,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     atexit.register(lambda: last_line and print(last_line[0], flush=True))
     from rl_core.config import ConfigError
 
+    commands = {"train": _train, "train-agent": _train_agent, "evaluate": _evaluate}
     try:
-        result = _train(args) if args.command == "train" else _evaluate(args)
+        result = commands[args.command](args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -74,35 +84,62 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:
+    from flows import progress
+    from flows.summary import print_summary
+    from flows.train_control import train_control
+    from rl_core.run_presets import build_config
+    from rl_core.runtime.actors import RunActors
+
+    summary = _run_flow(args, launch_options(), build_config, RunActors, train_control, progress.CONTROL_COLUMNS,
+                        print_summary)
+    return {**{k: summary[k] for k in SUMMARY_KEYS}, "checkpoint_bytes": summary["checkpoints"]["stored_bytes"]}
+
+
+def _train_agent(args: argparse.Namespace) -> dict[str, Any]:
+    from flows import progress
+    from flows.summary import print_agent_summary
+    from flows.train_agent import train_agent
+    from rl_core.agent_presets import build_agent_config
+    from rl_core.runtime.agent_actors import AgentActors
+
+    summary = _run_flow(args, agent_launch_options(), build_agent_config, AgentActors, train_agent,
+                        progress.AGENT_COLUMNS, print_summary=print_agent_summary)
+    return {k: summary[k] for k in AGENT_SUMMARY_KEYS}
+
+
+def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: Callable, actors_of: Callable,
+              flow: Callable, columns: tuple[str, ...], print_summary: Callable) -> dict[str, Any]:
+    """Validate the options, start Prefect's API and the run's actors side by side, run `flow` under a progress
+    bar, print its summary; the summary with `command_s`, the whole command's seconds."""
     from rich.console import Console
 
     from flows import progress
     from flows.startup import start_api_and_actors
-    from flows.summary import print_summary
-    from flows.train_control import train_control
-    from rl_core.run_presets import build_config
 
     started = time.perf_counter()
     console = Console(stderr=False)
-    if not args.verbose:  # the progress bar tells the same story; keep warnings and errors
-        for name in ("prefect", "prefect.flow_runs", "prefect.task_runs"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-    options = {name: getattr(args, name) for name in launch_options()}
-    cfg = build_config(**options)  # fails here, before anything starts, on a bad value
+    _quiet_prefect(args.verbose)
+    options = {name: getattr(args, name) for name in table}
+    cfg = build(**options)  # fails here, before anything starts, on a bad value
     # A credentials block is read through the API, and Ray's workers must start with what it holds: then the flow
     # starts Ray itself, once the credentials are exported.
-    actors = None if args.store_credentials_block else start_api_and_actors(cfg)
+    actors = None if args.store_credentials_block else start_api_and_actors(actors_of(cfg))
     try:
-        with progress.terminal_progress(console):
-            summary = train_control(**options, store_credentials_block=args.store_credentials_block)
+        with progress.terminal_progress(console, columns):
+            summary = flow(**options, store_credentials_block=args.store_credentials_block)
     finally:
         if actors is not None:
             actors.release()  # the flow releases what it used; this catches actors of a flow that never ran
     summary["command_s"] = round(time.perf_counter() - started, 2)
     print_summary(console, summary)
-    line = {k: summary[k] for k in SUMMARY_KEYS}
-    line["checkpoint_bytes"] = summary["checkpoints"]["stored_bytes"]
-    return line
+    return summary
+
+
+def _quiet_prefect(verbose: bool) -> None:
+    """Unless `verbose`, keep Prefect's warnings and errors only: the progress bar tells the same story."""
+    if not verbose:
+        for name in ("prefect", "prefect.flow_runs", "prefect.task_runs"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _evaluate(args: argparse.Namespace) -> dict[str, Any]:

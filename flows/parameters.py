@@ -10,14 +10,16 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, TypeVar
 
-from rl_core.launch_options import launch_options
+from rl_core.launch_options import LaunchOption, launch_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def with_launch_options(extra: dict[str, tuple[Any, Any, str]] | None = None) -> Callable[[F], F]:
-    """Decorate a `**options` flow function; `extra` maps a parameter name to (annotation, default, help)."""
-    table = launch_options()
+def with_launch_options(extra: dict[str, tuple[Any, Any, str]] | None = None,
+                        table: dict[str, LaunchOption] | None = None) -> Callable[[F], F]:
+    """Decorate a `**options` flow function; `extra` maps a parameter name to (annotation, default, help); `table`:
+    the launch options of the flow's kind of run (default: a control run's)."""
+    table = table or launch_options()
 
     def decorate(fn: F) -> F:
         params, docs = [], []

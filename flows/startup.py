@@ -4,20 +4,27 @@ Run as a command with no Prefect API configured, a flow first waits for Prefect'
 start (~6 s here), and only then starts Ray (~4 s) and the run's actors (~5 s: each imports torch and builds
 its envs). None of these needs another, so the command starts the API on a thread while this thread starts
 Ray and creates the actors; the flow then finds both running. A deployment run has its API already; its
-flow starts Ray and the actors itself (`RunActors.start`). The actors are named after the run, so the flow's own
-`RunActors` finds the ones started here.
+flow starts Ray and the actors itself (`RunActors.start`, `AgentActors.start`). The actors are named after the run,
+so the flow's own actors object finds the ones started here.
 """
 from __future__ import annotations
 
 import threading
+from typing import Protocol, TypeVar
 
 from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
-from rl_core.config import RunConfig
-from rl_core.runtime.actors import RunActors
+
+class Startable(Protocol):
+    """A run's actors (`RunActors`, `AgentActors`): `start` creates them without waiting."""
+
+    def start(self) -> None: ...
 
 
-def start_api_and_actors(cfg: RunConfig) -> RunActors:
+A = TypeVar("A", bound=Startable)
+
+
+def start_api_and_actors(actors: A) -> A:
     """Return once the API answers (if it is a temporary one) and the run's actors are created (not yet ready);
     the caller releases them when the command ends (the flow releases what it used; these may never be used).
 
@@ -30,7 +37,6 @@ def start_api_and_actors(cfg: RunConfig) -> RunActors:
 
         api = threading.Thread(target=SubprocessASGIServer().start, name="prefect-api-start", daemon=True)
         api.start()
-    actors = RunActors(cfg)
     actors.start()
     if api is not None:
         api.join()

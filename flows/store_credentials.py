@@ -12,11 +12,16 @@ Blocks accepted, by slug (`<block type>/<name>`):
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Optional
 
 from prefect.blocks.core import Block
 
 from rl_core.config import ConfigError
+
+CREDENTIALS_BLOCK = {"store_credentials_block": (
+    Optional[str], None, "Prefect block with the store's S3 credentials: secret/<name> or aws-credentials/<name> "
+    "(never logged or stored in the run's config)")}
+"""The flows' parameter (beside their launch options) naming such a block."""
 
 ENV_BY_FIELD = {
     "key": "AWS_ACCESS_KEY_ID",

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Optional
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import progress
 from flows.parameters import with_launch_options
-from flows.store_credentials import export_store_credentials
-from rl_core.data.run_info import open_run
+from flows.run_start import start_run
+from flows.store_credentials import CREDENTIALS_BLOCK
 from rl_core.data.storage_report import storage_report
 from rl_core.iteration_clock import IterationClock
 from rl_core.run_presets import build_config
@@ -38,10 +38,6 @@ from tasks.kernel_autotune import kernel_autotune
 from tasks.score import score
 from tasks.simulate import simulate
 from tasks.train_shard import train_shard
-
-CREDENTIALS_BLOCK = {"store_credentials_block": (
-    Optional[str], None, "Prefect block with the store's S3 credentials: secret/<name> or aws-credentials/<name> "
-    "(never logged or stored in the run's config)")}
 
 
 @flow(name="train-control", task_runner=ThreadPoolTaskRunner(max_workers=16))
@@ -55,11 +51,7 @@ def train_control(**options: Any) -> dict:
     credentials = options.pop("store_credentials_block", None)
     cfg = build_config(**options)
     logger = get_run_logger()
-    if credentials:  # before anything touches the store or starts Ray (its workers inherit them)
-        names = export_store_credentials(credentials)
-        logger.info("store credentials from block %s: set %s", credentials, ", ".join(names))
-    run = open_run(cfg)
-    logger.info("run %s (%s) at %s", cfg.run_name, "new" if run.is_new else "continued", cfg.run_url)
+    run = start_run(cfg, credentials)
     actors = RunActors(cfg)
     try:
         # After tuning: actors booting during a first (uncached) tuning would disturb its timings.

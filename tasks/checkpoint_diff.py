@@ -4,24 +4,39 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rl_core.config import RunConfig
+from rl_core.agent_config import AnyRunConfig
+from rl_core.algos.base import algorithm_of
+from rl_core.data import read_tensors
 from rl_core.runtime.actors import RunActors
-from rl_core.runtime.commits import commit_initial, commit_iteration
+from rl_core.runtime.agent_actors import AgentActors
+from rl_core.runtime.commits import commit_initial, commit_iteration, remove_staged
 from tasks.caching import STEP_OPTIONS, step_cache_key
+from tasks.sft_warm_start import sft_warm_start
 
 
 @task(name="checkpoint_init", cache_policy=NO_CACHE, **STEP_OPTIONS)
-def checkpoint_init(cfg: RunConfig, actors: RunActors, incarnation: str) -> dict:
-    """Newest committed version of the run, committing the seeded version 0 for a new run.
+def checkpoint_init(cfg: AnyRunConfig, actors: RunActors | AgentActors, incarnation: str) -> dict:
+    """Newest committed version of the run; for a new run, version 0 is committed first: the seeded learner, or
+    for an algorithm that starts from a warm start (GRPO) the result of the `sft_warm_start` step (cached itself).
 
     Never cached: it answers "where does this run stand now", which changes as the run goes on.
     """
-    return commit_initial(cfg, actors.trainer_group.initial_state())
+    if not algorithm_of(cfg).warm_start:
+        return commit_initial(cfg, actors.trainer_group.initial_state)
+    staged: list[str] = []
+
+    def warm_started() -> dict:
+        staged.append(sft_warm_start(cfg, actors, incarnation)["staged"])
+        return read_tensors(staged[0])[0]
+
+    committed = commit_initial(cfg, warm_started)
+    remove_staged(staged)
+    return committed
 
 
 @task(name="checkpoint_diff", cache_key_fn=step_cache_key, **STEP_OPTIONS)
 def checkpoint_diff(
-    cfg: RunConfig, incarnation: str, iteration: int, version: int, staged: str, experience: list[str]
+    cfg: AnyRunConfig, incarnation: str, iteration: int, version: int, staged: str, experience: list[str]
 ) -> dict:
-    """Commit version+1 (learner + env states) as a lossless delta against `version`."""
+    """Commit version+1 (learner, and env states where there are envs) as a lossless delta against `version`."""
     return commit_iteration(cfg, iteration, version, staged, experience)

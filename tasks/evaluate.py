@@ -1,14 +1,16 @@
-"""evaluate: deterministic-policy episodes of a committed version, next to a uniform-random policy."""
+"""evaluate: a committed version judged apart from training: a control run's deterministic-policy episodes next to a
+uniform-random policy, an agent run's held-out accuracy and mean reward."""
 from __future__ import annotations
 
 from prefect import task
 
-from rl_core.config import RunConfig
+from rl_core.agent_config import AnyRunConfig
 from rl_core.runtime.actors import RunActors
+from rl_core.runtime.agent_actors import AgentActors
 from tasks.caching import STEP_OPTIONS, step_cache_key
 
 
 @task(name="evaluate", cache_key_fn=step_cache_key, **STEP_OPTIONS)
-def evaluate(cfg: RunConfig, actors: RunActors, incarnation: str, version: int) -> dict:
-    """Mean returns of `cfg.eval_episodes` full episodes, and the policy's sha256."""
-    return actors.env_pool.evaluate(version, cfg.eval_episodes)
+def evaluate(cfg: AnyRunConfig, actors: RunActors | AgentActors, incarnation: str, version: int) -> dict:
+    """The evaluation of `version` the run's actors make, with the policy's sha256."""
+    return actors.evaluate(version)

@@ -1,0 +1,102 @@
+"""LLM-agent RL (GRPO on text tasks) as a Prefect flow: the readable plan of one agent run.
+
+    kernel_autotune                         once (cached per machine and library versions)
+    checkpoint_init                         where the run stands; a new run first runs sft_warm_start (its own
+                                            cached step: SFT on the env's demonstrations) and commits it as v0
+    evaluate(v0)                            held-out accuracy of the warm start
+    for each iteration i from there:
+        rollout(i, v_i)       -> trajectories        (the generator actor samples; episodes are plain Python;
+                                                      token-exact, written chunk by chunk as safe points)
+        score(i)              -> group advantages    (GRPO: reward relative to the prompt's group)
+        train_shard(i, k)     for k < K, together   (one torch.distributed group on Ray)
+        checkpoint_diff(i)    -> version v_i+1       (lossless delta, naming the trajectories it consumed)
+    evaluate(final version)                 held-out accuracy and mean reward
+
+The steps after rollout are the control flow's own tasks: they reach GRPO through the algorithm seam. The flow's
+parameters are the agent run's launch options (`rl_core.launch_options.agent_launch_options`); `gymflow train-agent`
+runs it from a terminal, `prefect deployment run 'train-agent/agent-train'` through a worker.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from flows import progress
+from flows.parameters import with_launch_options
+from flows.run_start import start_run
+from flows.store_credentials import CREDENTIALS_BLOCK
+from rl_core.agent_presets import build_agent_config
+from rl_core.data.storage_report import storage_report
+from rl_core.iteration_clock import IterationClock
+from rl_core.launch_options import agent_launch_options
+from rl_core.runtime.agent_actors import AgentActors
+from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init
+from tasks.evaluate import evaluate
+from tasks.kernel_autotune import kernel_autotune
+from tasks.rollout import rollout
+from tasks.score import score
+from tasks.train_shard import train_shard
+
+
+@flow(name="train-agent", task_runner=ThreadPoolTaskRunner(max_workers=16))
+@with_launch_options(CREDENTIALS_BLOCK, agent_launch_options())
+def train_agent(**options: Any) -> dict:
+    """Train the agent until the run has `iterations` iterations, then evaluate on held-out problems; returns the
+    run's summary. The same run name continues the run; reusing it with other settings is refused, naming the
+    fields."""
+    started = time.perf_counter()
+    credentials = options.pop("store_credentials_block", None)
+    cfg = build_agent_config(**options)
+    logger = get_run_logger()
+    run = start_run(cfg, credentials)
+    actors = AgentActors(cfg)
+    parity: list[float] = []
+    try:
+        tuning = kernel_autotune(cfg)
+        actors.start()
+        version = checkpoint_init(cfg, actors, run.incarnation)["version"]
+        warm = evaluate(cfg, actors, run.incarnation, 0)
+        logger.info("warm start (v0): held-out accuracy %.3f, mean reward %.3f", warm["accuracy"], warm["mean_reward"])
+        progress.start(version, cfg.iterations)
+        clock = IterationClock()
+        for iteration in range(version, cfg.iterations):
+            rolled = rollout(cfg, actors, run.incarnation, iteration, version)
+            scored = score(cfg, run.incarnation, iteration, version, rolled["trajectories"])
+            shards = [train_shard.submit(cfg, actors, run.incarnation, iteration, version, k, scored["scored"])
+                      for k in range(cfg.num_ranks)]
+            trained = [s.result() for s in shards]
+            committed = checkpoint_diff(cfg, run.incarnation, iteration, version, trained[0]["staged"],
+                                        rolled["trajectories"])
+            version = committed["version"]
+            parity.append(trained[0]["logprob_parity_max"])
+            progress.report_agent_iteration(rolled["tokens"], rolled["accuracy"], rolled["mean_reward"], parity[-1])
+            logger.info("iteration %d: version %d, accuracy %.3f, mean reward %.3f, %d tokens, log-prob parity max "
+                        "%.1e mean %.1e, kl %.4f, %d bytes stored", iteration + 1, version, rolled["accuracy"],
+                        rolled["mean_reward"], rolled["tokens"], parity[-1], trained[0]["logprob_parity_mean"],
+                        trained[0]["kl"], committed["encoded_bytes"])
+            clock.lap()
+        final = evaluate(cfg, actors, run.incarnation, version)
+    finally:
+        actors.release()
+    storage = storage_report(cfg)
+    return {
+        "accuracy_sft": warm["accuracy"],
+        "accuracy_final": final["accuracy"],
+        "mean_reward_sft": warm["mean_reward"],
+        "mean_reward_final": final["mean_reward"],
+        "tokens_generated": storage["counters"].get("tokens_generated", 0),
+        "logprob_parity_max": max(parity, default=math.nan),
+        "policy_sha256": final["policy_sha256"],
+        "iterations": cfg.iterations,
+        "env": cfg.env.name,
+        "wall_s": round(time.perf_counter() - started, 2),
+        "loop_s": round(clock.total_s, 2),
+        "first_iteration_s": round(clock.first_s, 2),
+        "run_dir": cfg.run_url,
+        "checkpoints": storage,
+        "kernels": tuning,
+    }
