@@ -66,6 +66,7 @@ def test_deploy_run_and_worker_complete_the_run(prefect_server: dict, tmp_path) 
     _prefect(["--no-prompt", "deploy", "--all"], env)
     listed = _prefect(["deployment", "ls"], env)
     assert "train-control/nightly" in listed and "train-control/train" in listed
+    assert "train-agent/agent-nightly" in listed and "train-agent/agent-train" in listed
     out = _prefect(["deployment", "run", "train-control/train", "--param", "preset=tiny", "--param",
                     "run_name=deployed", "--param", f"store=file://{tmp_path}/runs"], env)
     flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
@@ -87,6 +88,21 @@ def test_deploy_run_and_worker_complete_the_run(prefect_server: dict, tmp_path) 
     _prefect(["worker", "start", "--pool", "gymflow", "--run-once"], faults, timeout=600)
     assert _state(failing_id, env) == "COMPLETED"
     assert _final_policy(tmp_path / "runs" / "retried") == _final_policy(tmp_path / "runs" / "deployed")
+
+
+def test_agent_deployment_runs_through_a_worker(prefect_server: dict, tmp_path) -> None:
+    env = prefect_server
+    _prefect(["work-pool", "create", "gymflow", "--type", "process"], env)
+    _prefect(["--no-prompt", "deploy", "--name", "agent-train"], env)
+    out = _prefect(["deployment", "run", "train-agent/agent-train", "--param", "preset=tiny", "--param",
+                    "run_name=agent-deployed", "--param", "temperature=0.8", "--param", f"store=file://{tmp_path}/runs"],
+                   env)
+    flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
+    _prefect(["worker", "start", "--pool", "gymflow", "--run-once"], env, timeout=600)
+    assert _state(flow_run_id, env) == "COMPLETED"
+    run = tmp_path / "runs" / "agent-deployed"
+    assert (run / "checkpoints" / "versions" / "00000002.commit").exists()
+    assert json.loads((run / "run.json").read_text())["config"]["sampling"]["temperature"] == 0.8
 
 
 def _state(flow_run_id: str, env: dict) -> str:

@@ -5,19 +5,18 @@ actors; the SIGKILL test kills a real `python -m flows.cli train` process group 
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from rl_core.checkpoint import CheckpointStore
 from rl_core.runtime.local_ray import kill_local_ray_of
+from tests.flows.flow_helpers import inject_faults, task_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api", "local_ray")]
 ITERATIONS = 3
@@ -36,32 +35,16 @@ def reference(tmp_path_factory) -> dict:
     return _run(f"file://{tmp_path_factory.mktemp('ref')}", "reference")
 
 
-def _task_runs(flow_run_id) -> list:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    async def read():
-        async with get_client() as client:
-            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-
-    return asyncio.run(read())
-
-
-def _faults(monkeypatch, tmp_path: Path, spec: str) -> None:
-    monkeypatch.setenv("GYMFLOW_FAULTS", spec)
-    monkeypatch.setenv("GYMFLOW_FAULT_DIR", str(tmp_path))
-
-
 def test_train_shard_failure_is_retried_from_its_epoch_checkpoint(tmp_path, monkeypatch, reference) -> None:
     """Rank 0 fails right after saving epoch 0 of iteration 1: both shards retry, resume at epoch 1, bit-identical."""
-    _faults(monkeypatch, tmp_path, "train.epoch_end:iteration=1,rank=0,epoch=0")
+    inject_faults(monkeypatch, tmp_path, "train.epoch_end:iteration=1,rank=0,epoch=0")
     from flows.train_control import train_control
 
     state = train_control(preset="tiny", store=f"file://{tmp_path}/runs", run_name="retried", seed=SEED,
                           iterations=ITERATIONS, return_state=True)
     summary = state.result()
     assert summary["policy_sha256"] == reference["policy_sha256"]
-    shards = [t for t in _task_runs(state.state_details.flow_run_id) if t.name.startswith("train_shard")]
+    shards = [t for t in task_runs(state.state_details.flow_run_id) if t.name.startswith("train_shard")]
     retried = [t for t in shards if t.run_count > 1]
     assert retried, "the failing train_shard must have been retried by Prefect"
     results = [t.state.result() for t in retried]
@@ -75,20 +58,20 @@ def test_overlapped_simulate_failure_restores_envs_once_their_version_is_committ
     the run ends bit-identical to an overlapped run that never failed."""
     store = f"file://{tmp_path}/runs"
     reference = _run(store, "overlap-reference", overlap=True)
-    _faults(monkeypatch, tmp_path, "simulate.rollout_end:iteration=2,worker=0")
+    inject_faults(monkeypatch, tmp_path, "simulate.rollout_end:iteration=2,worker=0")
     from flows.train_control import train_control
 
     state = train_control(preset="tiny", store=store, run_name="overlap-retried", seed=SEED, iterations=ITERATIONS,
                           overlap=True, return_state=True)
     assert state.result()["policy_sha256"] == reference["policy_sha256"]
-    retried = [t for t in _task_runs(state.state_details.flow_run_id)
+    retried = [t for t in task_runs(state.state_details.flow_run_id)
                if t.name.startswith("simulate") and t.run_count > 1]
     assert len(retried) == 1, "simulate of iteration 2 must have failed once and been retried"
 
 
 def test_failed_flow_rerun_skips_completed_steps(tmp_path, monkeypatch, reference) -> None:
     """A fault outlasting the task retries fails the run; rerunning the same run continues where it stopped."""
-    _faults(monkeypatch, tmp_path, "train.epoch_end:iteration=1,rank=0,epoch=1,count=3")
+    inject_faults(monkeypatch, tmp_path, "train.epoch_end:iteration=1,rank=0,epoch=1,count=3")
     store = f"file://{tmp_path}/runs"
     from flows.train_control import train_control
 
@@ -98,7 +81,7 @@ def test_failed_flow_rerun_skips_completed_steps(tmp_path, monkeypatch, referenc
     state = train_control(preset="tiny", store=store, run_name="rerun", seed=SEED, iterations=ITERATIONS,
                           return_state=True)
     assert state.result()["policy_sha256"] == reference["policy_sha256"]
-    names = {t.name.rsplit("-", 1)[0]: t.state.name for t in _task_runs(state.state_details.flow_run_id)
+    names = {t.name.rsplit("-", 1)[0]: t.state.name for t in task_runs(state.state_details.flow_run_id)
              if t.name.startswith(("simulate", "score"))}
     assert "Cached" in names.values(), f"iteration 1's simulate/score must come from cache, got {names}"
 
