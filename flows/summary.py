@@ -48,7 +48,8 @@ def print_agent_summary(console: Console, summary: dict) -> None:
     table.add_row("held-out mean reward: warm start -> final",
                   f"{summary['mean_reward_sft']:.3f} -> {summary['mean_reward_final']:.3f}")
     table.add_row("iterations / tokens generated", f"{summary['iterations']} / {summary['tokens_generated']:,}")
-    table.add_row("log-prob parity, trainer vs generator (max)", f"{summary['logprob_parity_max']:.1e}")
+    parity = summary["logprob_parity_max"]
+    table.add_row("log-prob parity, trainer vs generator (max)", "-" if parity is None else f"{parity:.1e}")
     _time_and_storage_rows(table, summary)
     table.add_row("run folder", summary["run_dir"])
     table.add_row("policy sha256", summary["policy_sha256"][:16] + "…")

@@ -18,7 +18,6 @@ runs it from a terminal, `prefect deployment run 'train-agent/agent-train'` thro
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -89,7 +88,7 @@ def train_agent(**options: Any) -> dict:
         "mean_reward_sft": warm["mean_reward"],
         "mean_reward_final": final["mean_reward"],
         "tokens_generated": storage["counters"].get("tokens_generated", 0),
-        "logprob_parity_max": max(parity, default=math.nan),
+        "logprob_parity_max": max(parity, default=None),  # None: this flow run trained no iteration
         "policy_sha256": final["policy_sha256"],
         "iterations": cfg.iterations,
         "env": cfg.env.name,

@@ -66,6 +66,10 @@ def load_run_config(store: str, run_name: str) -> RunConfig:
     except FileNotFoundError:
         raise ConfigError(f"no run {run_name!r} under {located.storage.url} ({path} does not exist); "
                           "check --run-name and --store") from None
+    if stored["config"].get("flow") == "agent":
+        raise ConfigError(f"run {run_name!r} under {located.storage.url} is an agent run (train-agent): its held-out "
+                          "evaluation is the `evaluate` step of its flow (the summary's accuracy_final, and "
+                          "<run>/checkpoints' versions); this command evaluates control runs")
     config = migrate_flat_config(stored["config"])
     return RunConfig.model_validate({**config, "storage": {**config.get("storage", {}), "url": located.storage.url}})
 

@@ -104,6 +104,14 @@ def test_the_command_line_refuses_bad_input_before_writing_anything(tmp_path, ca
     assert not store.exists()
 
 
+def test_evaluating_an_agent_run_as_a_control_run_says_what_it_is(tmp_path) -> None:
+    from rl_core.data.run_info import load_run_config
+
+    open_run(build_agent_config("tiny", run_name="agent", store=f"file://{tmp_path}/runs"))
+    with pytest.raises(ConfigError, match="run 'agent' under .* is an agent run"):
+        load_run_config(f"file://{tmp_path}/runs", "agent")
+
+
 def test_a_continued_run_must_sample_as_it_did(tmp_path) -> None:
     store = f"file://{tmp_path}/runs"
     first = open_run(build_agent_config("tiny", run_name="same", store=store))
