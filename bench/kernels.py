@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-# Run as a script, this file's folder comes first on sys.path, and this file (bench/kernels.py) would shadow the
-# `kernels` package it benchmarks; the repository root goes there instead.
+# Run as a script, this file's folder comes first on sys.path; the repository root goes there instead, as for
+# `python -m`, so the benchmark imports what the command line imports (examples/ included).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import kernels  # noqa: E402
-from kernels import COMPILE, TuneReport, get_op, registered_ops  # noqa: E402
-from kernels.autotune import DEFAULT_MIN_RUN_TIME, tune_bucket  # noqa: E402
+import gymflow_kernels as kernels  # noqa: E402
+from gymflow_kernels import COMPILE, TuneReport, get_op, registered_ops  # noqa: E402
+from gymflow_kernels.autotune import DEFAULT_MIN_RUN_TIME, tune_bucket  # noqa: E402
 from rl_core.algos.advantages import score_experience  # noqa: E402
 from rl_core.algos.base import Spaces  # noqa: E402
 from rl_core.algos.hot_ops import hot_ops  # noqa: E402

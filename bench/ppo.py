@@ -49,8 +49,8 @@ from typing import Any
 import numpy as np
 import torch
 
-# Run as a script, this file's folder comes first on sys.path and bench/kernels.py would shadow the `kernels`
-# package rl_core imports; the repository root goes there instead.
+# Run as a script, this file's folder comes first on sys.path; the repository root goes there instead, as for
+# `python -m`, so the benchmark imports what the command line imports (examples/ included).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from rl_core.algos.train_loop import train_in_process  # noqa: E402

@@ -14,7 +14,7 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-import kernels
+import gymflow_kernels as kernels
 from rl_core.algos.hot_ops import hot_ops, tune_hot_ops
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout

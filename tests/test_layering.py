@@ -22,7 +22,7 @@ if sys.version_info < (3, 11):  # import-linter 2.x needs 3.11 (pyproject's dev 
 import tomllib  # noqa: E402 - after the version check
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("rl_core", "kernels", "tasks", "flows")
+PACKAGES = ("rl_core", "gymflow_kernels", "tasks", "flows")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -71,15 +71,15 @@ def test_the_copy_alone_keeps_every_contract(sources: Path) -> None:
 
 
 VIOLATIONS = {
-    "kernels imports prefect": ({"kernels/registry.py": "import prefect"}, "libraries-without-prefect",
-                                "kernels.registry -> prefect"),
+    "kernels imports prefect": ({"gymflow_kernels/registry.py": "import prefect"}, "libraries-without-prefect",
+                                "gymflow_kernels.registry -> prefect"),
     "rl_core imports prefect": ({"rl_core/__init__.py": "from prefect import flow"}, "libraries-without-prefect",
                                 "rl_core -> prefect"),
     "rl_core imports prefect through tasks": (
         {"tasks/_layering_probe.py": "import prefect", "rl_core/__init__.py": "import tasks._layering_probe"},
         "libraries-without-prefect", "tasks._layering_probe -> prefect"),
-    "kernels imports rl_core": ({"kernels/cache.py": "import rl_core"}, "kernels-stand-alone",
-                                "kernels.cache -> rl_core"),
+    "kernels imports rl_core": ({"gymflow_kernels/cache.py": "import rl_core"}, "kernels-stand-alone",
+                                "gymflow_kernels.cache -> rl_core"),
     "tasks imports flows": ({"tasks/__init__.py": "import flows"}, "tasks-below-flows",
                             "tasks -> flows"),
 }

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-import kernels
+import gymflow_kernels as kernels
 from rl_core.algos.batches import Experience, ScoredBatch
 from rl_core.policies.normalizer import Moments
 

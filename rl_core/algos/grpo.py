@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-import kernels
+import gymflow_kernels as kernels
 from rl_core.algos.base import Epochs, Tensors, UpdateHooks
 from rl_core.algos.gradients import clip_grad_norm_, flat_grad_views
 from rl_core.generation import SamplingParams, sampling_logprobs

@@ -1,7 +1,7 @@
 """The ops a run dispatches through `kernels`, with the shapes and thread counts it calls them at: what to tune."""
 from __future__ import annotations
 
-import kernels
+import gymflow_kernels as kernels
 from rl_core.algos.base import Calls, algorithm_of, spaces_for
 from rl_core.config import RunConfig
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-import kernels
+import gymflow_kernels as kernels
 from rl_core.algos.base import Epochs, UpdateHooks
 from rl_core.algos.batches import ScoredBatch
 from rl_core.algos.gradients import clip_grad_norm_, flat_grad_views

@@ -6,7 +6,7 @@ import math
 import torch
 from torch import nn
 
-import kernels
+import gymflow_kernels as kernels
 
 _POLICY_FORWARD = kernels.dispatch("policy_mlp_forward")
 

@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from kernels import Op, get_op, register, unregister
+from gymflow_kernels import Op, get_op, register, unregister
 
 _op_ids = itertools.count()
 

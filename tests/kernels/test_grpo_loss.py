@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import REFERENCE, CandidateUnavailable, get_op
-from kernels.verify import build_cases, verify
+from gymflow_kernels import REFERENCE, CandidateUnavailable, get_op
+from gymflow_kernels.verify import build_cases, verify
 
 OP = get_op("grpo_loss")
 IMPLEMENTATIONS = [REFERENCE, "fused", "cpp"]

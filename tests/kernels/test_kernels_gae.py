@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import CandidateUnavailable, get_op
-from kernels.gae import bucket, gae_blocked, gae_reference, make_inputs
-from kernels.verify import build_cases, verify
+from gymflow_kernels import CandidateUnavailable, get_op
+from gymflow_kernels.gae import bucket, gae_blocked, gae_reference, make_inputs
+from gymflow_kernels.verify import build_cases, verify
 
 GAE = get_op("gae")
 PURE_PYTHON = sorted(name for name in GAE.eligible("cpu") if name != "cpp")  # compile is opt-in: not in CI

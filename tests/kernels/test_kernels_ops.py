@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-import kernels
-from kernels import COMPILE, CandidateUnavailable, get_op, registered_ops
-from kernels.verify import build_cases, verify
+import gymflow_kernels as kernels
+from gymflow_kernels import COMPILE, CandidateUnavailable, get_op, registered_ops
+from gymflow_kernels.verify import build_cases, verify
 
 SHAPES = {
     "discounted_returns": {"T": 37, "N": 5},
@@ -63,7 +63,7 @@ def test_float32_only_candidates_are_rejected_for_bfloat16_buckets_not_run_on_ga
 
 def test_chunked_log_probs_match_for_any_chunk_size() -> None:
     """Tiny chunks exercise many chunks and a ragged last one, forward and backward."""
-    from kernels.logprobs import token_logprobs_chunked
+    from gymflow_kernels.logprobs import token_logprobs_chunked
 
     op = get_op("token_logprobs")
     for chunk_elements in (1, 50 * 3, 50 * 7):
@@ -203,8 +203,8 @@ def test_compile_candidate_smoke() -> None:
 
 TRITON_INTERPRETED_CHECK = """
 import torch, triton
-import kernels.triton_scan as ts
-from kernels.gae import _deltas_and_decays, gae_reference, make_inputs
+import gymflow_kernels.triton_scan as ts
+from gymflow_kernels.gae import _deltas_and_decays, gae_reference, make_inputs
 for shape, block in (({"T": 1, "N": 1}, 32), ({"T": 7, "N": 3, "dones": "all"}, 32), ({"T": 37, "N": 70}, 64)):
     r, v, d, nv, g, l = make_inputs(shape, 0)
     delta, decay = _deltas_and_decays(r, v, d, nv, g, l)

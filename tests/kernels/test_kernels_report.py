@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kernels import BucketReport, CandidateResult, TuneReport, fast_p, geomean_speedup, summary
-from kernels.cli import main
-from kernels.gae import gae_numpy
+from gymflow_kernels import BucketReport, CandidateResult, TuneReport, fast_p, geomean_speedup, summary
+from gymflow_kernels.cli import main
+from gymflow_kernels.gae import gae_numpy
 
 
 def bucket(winner: str, speedup: float, verified: bool = True) -> BucketReport:
@@ -66,9 +66,9 @@ def test_cli_refuses_a_proposer_variable_under_its_former_name(make_op, monkeypa
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_python_m_kernels_runs_without_warnings() -> None:
+def test_python_m_gymflow_kernels_runs_without_warnings() -> None:
     """The documented command; `-W always::RuntimeWarning` would show runpy's re-import warning if it were given."""
-    done = subprocess.run([sys.executable, "-W", "always::RuntimeWarning", "-m", "kernels", "--ops", "gae",
+    done = subprocess.run([sys.executable, "-W", "always::RuntimeWarning", "-m", "gymflow_kernels", "--ops", "gae",
                            "--shapes", "16x4", "--min-run-time", "0.005"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -76,8 +76,8 @@ def test_python_m_kernels_runs_without_warnings() -> None:
 
 
 def test_importing_kernels_installs_no_warning_filter() -> None:
-    """`import kernels` leaves the importer's warning filters as they were (torch imported first: its own are its)."""
-    code = ("import warnings, torch\nbefore = list(warnings.filters)\nimport kernels, kernels.cli\n"
+    """`import gymflow_kernels` leaves the importer's warning filters as they were (torch imported first: its own are its)."""
+    code = ("import warnings, torch\nbefore = list(warnings.filters)\nimport gymflow_kernels, gymflow_kernels.cli\n"
             "added = [f for f in warnings.filters if f not in before]\nassert not added, added")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

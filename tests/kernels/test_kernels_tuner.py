@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
-from kernels.autotune import tune_bucket
-from kernels.cli import main
-from kernels.gae import gae_doubling, gae_numpy, gae_reference, make_inputs
+import gymflow_kernels as kernels
+from gymflow_kernels.autotune import tune_bucket
+from gymflow_kernels.cli import main
+from gymflow_kernels.gae import gae_doubling, gae_numpy, gae_reference, make_inputs
 
 FAST = {"min_run_time": 0.005}
 SHAPE = {"T": 16, "N": 4}

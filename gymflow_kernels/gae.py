@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels.compiled import compiled
-from kernels.inputs import next_pow2, place
-from kernels.native import F64, I64, PTR, float32_cpu, load_function
-from kernels.registry import CandidateUnavailable, Op, candidate, register
+from gymflow_kernels.compiled import compiled
+from gymflow_kernels.inputs import next_pow2, place
+from gymflow_kernels.native import F64, I64, PTR, float32_cpu, load_function
+from gymflow_kernels.registry import CandidateUnavailable, Op, candidate, register
 
 TRITON_SOURCE = (Path(__file__).parent / "triton_scan.py").read_text()
 """The Triton kernel's text: hashed into the cache key without importing triton."""
@@ -214,11 +214,11 @@ def gae_triton(
 
 
 def triton_backward_scan() -> Callable[[Tensor, Tensor], Tensor]:
-    """`kernels.triton_scan.backward_scan`, imported on first use; unavailable without CUDA or triton."""
+    """`gymflow_kernels.triton_scan.backward_scan`, imported on first use; unavailable without CUDA or triton."""
     if not torch.cuda.is_available():
         raise CandidateUnavailable("Triton candidates need a CUDA device; none is available")
     try:
-        from kernels.triton_scan import backward_scan  # noqa: PLC0415 - triton is optional (gpu extra)
+        from gymflow_kernels.triton_scan import backward_scan  # noqa: PLC0415 - triton is optional (gpu extra)
     except ImportError as exc:
         raise CandidateUnavailable(f"triton is not importable ({exc}); install the gpu extra") from exc
     return backward_scan

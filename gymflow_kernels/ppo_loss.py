@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kernels.compiled import compiled
-from kernels.fused import fused_loss
-from kernels.inputs import next_pow2, place
-from kernels.native import F64, I64, PTR, float32_cpu, load_function
-from kernels.registry import Op, candidate, register
+from gymflow_kernels.compiled import compiled
+from gymflow_kernels.fused import fused_loss
+from gymflow_kernels.inputs import next_pow2, place
+from gymflow_kernels.native import F64, I64, PTR, float32_cpu, load_function
+from gymflow_kernels.registry import Op, candidate, register
 
 
 def ppo_loss_reference(

@@ -1,7 +1,7 @@
-"""Command line of the tuner: `python -m kernels`.
+"""Command line of the tuner: `python -m gymflow_kernels`.
 
-    python -m kernels --ops gae,ppo_loss --report
-    python -m kernels --ops gae --shapes 256x64 1024x64 --compile --json report.json
+    python -m gymflow_kernels --ops gae,ppo_loss --report
+    python -m gymflow_kernels --ops gae --shapes 256x64 1024x64 --compile --json report.json
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 
-from kernels.autotune import DEFAULT_MIN_RUN_TIME, autotune, default_opt_in
-from kernels.cache import winners_path
-from kernels.proposers import RenamedVariable, proposer_from_env
-from kernels.registry import COMPILE, get_op, registered_ops
-from kernels.report import TuneReport, summary
-from kernels.verify import MIN_SEEDS
+from gymflow_kernels.autotune import DEFAULT_MIN_RUN_TIME, autotune, default_opt_in
+from gymflow_kernels.cache import winners_path
+from gymflow_kernels.proposers import RenamedVariable, proposer_from_env
+from gymflow_kernels.registry import COMPILE, get_op, registered_ops
+from gymflow_kernels.report import TuneReport, summary
+from gymflow_kernels.verify import MIN_SEEDS
 
 PLACEMENT = {"device": "cpu", "dtype": "float32"}
 """What ops' inputs are made as unless --device/--dtype say otherwise (left out of the shapes then)."""
@@ -26,7 +26,7 @@ PLACEMENT = {"device": "cpu", "dtype": "float32"}
 
 def main(argv: list[str] | None = None) -> int:
     """Tune the given ops (at the given shapes, else each op's default shapes); print winners or the full report."""
-    parser = argparse.ArgumentParser(prog="python -m kernels", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gymflow_kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--ops", nargs="+", required=True,
                         help=f"ops to tune, space- or comma-separated; registered: {','.join(registered_ops())}")
     parser.add_argument("--shapes", nargs="+", help="shapes like 256x64 in the op's dims (default: the op's own)")

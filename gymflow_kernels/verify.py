@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kernels.registry import CandidateUnavailable, Kernel, Op
+from gymflow_kernels.registry import CandidateUnavailable, Kernel, Op
 
 MIN_SEEDS = 3
 

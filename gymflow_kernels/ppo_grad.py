@@ -22,13 +22,13 @@ import math
 import torch
 from torch import Tensor
 
-from kernels.compiled import compiled
-from kernels.inputs import next_pow2, place
-from kernels.native import F64, I64, PTR, float32_cpu, load_function
-from kernels.policy_mlp import CPP_LAYERS, mlp_layout, policy_mlp_reference
-from kernels.policy_mlp import make_inputs as mlp_inputs
-from kernels.ppo_loss import CPP_PPO_LOSS, loss_and_grads, ppo_loss_reference
-from kernels.registry import Op, candidate, register
+from gymflow_kernels.compiled import compiled
+from gymflow_kernels.inputs import next_pow2, place
+from gymflow_kernels.native import F64, I64, PTR, float32_cpu, load_function
+from gymflow_kernels.policy_mlp import CPP_LAYERS, mlp_layout, policy_mlp_reference
+from gymflow_kernels.policy_mlp import make_inputs as mlp_inputs
+from gymflow_kernels.ppo_loss import CPP_PPO_LOSS, loss_and_grads, ppo_loss_reference
+from gymflow_kernels.registry import Op, candidate, register
 
 NUM_PARAMS = 13
 """Tensors of the actor-critic: 6 per MLP, then log_std."""

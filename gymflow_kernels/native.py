@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from kernels.cache import cache_dir, cpu_signature
-from kernels.registry import CandidateUnavailable
+from gymflow_kernels.cache import cache_dir, cpu_signature
+from gymflow_kernels.registry import CandidateUnavailable
 
 
 def load_function(name: str, source: str, symbol: str, argtypes: tuple) -> Callable[..., None]:

@@ -1,6 +1,6 @@
 """Check one proposed candidate in this (separate) process and print the result as one JSON line.
 
-    python -m kernels.sandbox OP SHAPE_JSON SOURCE_PATH SEEDS MIN_RUN_TIME
+    python -m gymflow_kernels.sandbox OP SHAPE_JSON SOURCE_PATH SEEDS MIN_RUN_TIME
 
 Run by `kernels.proposers` under a timeout: the proposal is executed only here, never in the tuner's process. It
 goes through exactly the tuner's own verify-and-time step (`tune_bucket`), as the op's only candidate.
@@ -14,10 +14,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-import kernels  # noqa: F401 - registers every op
-from kernels.autotune import tune_bucket
-from kernels.registry import get_op
-from kernels.report import CandidateResult
+import gymflow_kernels as kernels  # noqa: F401 - registers every op
+from gymflow_kernels.autotune import tune_bucket
+from gymflow_kernels.registry import get_op
+from gymflow_kernels.report import CandidateResult
 
 NAME = "proposed"
 

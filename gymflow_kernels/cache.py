@@ -22,7 +22,7 @@ import numpy as np
 import platformdirs
 import torch
 
-from kernels.registry import Op
+from gymflow_kernels.registry import Op
 
 SCHEMA = 1
 """Version of the file layout; a file with another version is ignored (and rewritten by the next tune)."""

@@ -13,12 +13,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kernels.compiled import compiled
-from kernels.gae import EDGE_CASES as GAE_EDGE_CASES
-from kernels.gae import TRITON_SOURCE, blocked_scan, doubling_scan, random_dones, triton_backward_scan
-from kernels.inputs import next_pow2, place
-from kernels.native import F64, I64, PTR, float32_cpu, load_function
-from kernels.registry import Op, candidate, register
+from gymflow_kernels.compiled import compiled
+from gymflow_kernels.gae import EDGE_CASES as GAE_EDGE_CASES
+from gymflow_kernels.gae import TRITON_SOURCE, blocked_scan, doubling_scan, random_dones, triton_backward_scan
+from gymflow_kernels.inputs import next_pow2, place
+from gymflow_kernels.native import F64, I64, PTR, float32_cpu, load_function
+from gymflow_kernels.registry import Op, candidate, register
 
 
 def returns_reference(rewards: Tensor, dones: Tensor, next_value: Tensor, gamma: float) -> Tensor:

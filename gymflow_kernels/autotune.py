@@ -1,6 +1,6 @@
 """The tuner: per shape bucket, verify every candidate, time the survivors, and cache the winner.
 
-Usage: python -m kernels --ops gae,ppo_loss --report   (see kernels/cli.py for every option)
+Usage: python -m gymflow_kernels --ops gae,ppo_loss --report   (see gymflow_kernels/cli.py for every option)
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import time
 import torch
 from torch import Tensor
 
-from kernels.cache import cache_key, read_entries, winners_path, write_entry
-from kernels.proposers import CandidateProposer, evaluate_proposals
-from kernels.registry import COMPILE, REFERENCE, Kernel, Op, describe, get_op, per_process_setup
-from kernels.report import BucketReport, CandidateResult, TuneReport
-from kernels.timing import Timing, pick_winner, time_kernels
-from kernels.verify import FRESH_SEED, MIN_SEEDS, build_cases, clone_inputs, run_with_grads, verify
+from gymflow_kernels.cache import cache_key, read_entries, winners_path, write_entry
+from gymflow_kernels.proposers import CandidateProposer, evaluate_proposals
+from gymflow_kernels.registry import COMPILE, REFERENCE, Kernel, Op, describe, get_op, per_process_setup
+from gymflow_kernels.report import BucketReport, CandidateResult, TuneReport
+from gymflow_kernels.timing import Timing, pick_winner, time_kernels
+from gymflow_kernels.verify import FRESH_SEED, MIN_SEEDS, build_cases, clone_inputs, run_with_grads, verify
 
 DEFAULT_MIN_RUN_TIME = 0.2
 """Seconds of timing per implementation and bucket: enough for a stable median of millisecond kernels."""
@@ -176,9 +176,9 @@ def _cached_report(op: Op, entry: dict | None, wanted: set[str]) -> BucketReport
 
 
 if __name__ == "__main__":
-    # Kept for old scripts; use `python -m kernels`. Run this way, runpy warns (harmlessly) that the package had
+    # Kept for old scripts; use `python -m gymflow_kernels`. Run this way, runpy warns (harmlessly) that the package had
     # already imported this module; that warning is not filtered, since a filter would have to be installed by every
-    # `import kernels`.
-    from kernels.cli import main  # noqa: PLC0415 - the package's copy of this module, not this __main__ duplicate
+    # `import gymflow_kernels`.
+    from gymflow_kernels.cli import main  # noqa: PLC0415 - the package's copy of this module, not this __main__ duplicate
 
     sys.exit(main())

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels.compiled import compiled
-from kernels.inputs import next_pow2, place
-from kernels.native import I64, PTR, float32_cpu, load_function
-from kernels.registry import Op, candidate, register
+from gymflow_kernels.compiled import compiled
+from gymflow_kernels.inputs import next_pow2, place
+from gymflow_kernels.native import I64, PTR, float32_cpu, load_function
+from gymflow_kernels.registry import Op, candidate, register
 
 
 def policy_mlp_reference(obs: Tensor, *params: Tensor) -> tuple[Tensor, Tensor]:

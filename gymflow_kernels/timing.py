@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.benchmark import Timer
 
-from kernels.registry import REFERENCE, Kernel
+from gymflow_kernels.registry import REFERENCE, Kernel
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ and fast rewrites are easy to get subtly wrong. So each op keeps a readable refe
 against it and timed (`autotune`), the winner per shape bucket is cached on disk, and `dispatch` routes each call to
 that winner, or to the reference when nothing is tuned. A wrong or slower candidate can never be chosen.
 GYMFLOW_KERNELS=reference makes every dispatcher run the reference (to measure what tuning buys, or to rule it out).
-Tune from the command line with `python -m kernels --ops gae --report` (kernels/cli.py).
+Tune from the command line with `python -m gymflow_kernels --ops gae --report` (gymflow_kernels/cli.py).
 
 This package stands alone: it imports nothing from rl_core, flows, tasks or prefect.
 """
@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 # Each op module registers its op on import.
-from kernels import gae, grpo_loss, logprobs, policy_mlp, ppo_grad, ppo_loss, returns  # noqa: F401
-from kernels.autotune import autotune
-from kernels.cache import WinnerFile, cache_key, winners_path
-from kernels.registry import (
+from gymflow_kernels import gae, grpo_loss, logprobs, policy_mlp, ppo_grad, ppo_loss, returns  # noqa: F401
+from gymflow_kernels.autotune import autotune
+from gymflow_kernels.cache import WinnerFile, cache_key, winners_path
+from gymflow_kernels.registry import (
     COMPILE,
     REFERENCE,
     CandidateUnavailable,
@@ -37,7 +37,7 @@ from kernels.registry import (
     registered_ops,
     unregister,
 )
-from kernels.report import BucketReport, CandidateResult, TuneReport, fast_p, geomean_speedup, summary
+from gymflow_kernels.report import BucketReport, CandidateResult, TuneReport, fast_p, geomean_speedup, summary
 
 __all__ = [
     "COMPILE", "REFERENCE", "BucketReport", "CandidateResult", "CandidateUnavailable", "Dispatcher", "Kernel", "Op",

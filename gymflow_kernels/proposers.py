@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from kernels.cache import cache_dir
-from kernels.registry import Op
-from kernels.report import CandidateResult
+from gymflow_kernels.cache import cache_dir
+from gymflow_kernels.registry import Op
+from gymflow_kernels.report import CandidateResult
 
 SYSTEM_PROMPT = (
     "You write fast, exactly equivalent PyTorch implementations of reference functions. Answer with one ```python "
@@ -150,7 +150,7 @@ def _evaluate(
     with tempfile.TemporaryDirectory(prefix="gymflow-proposal-") as tmp:
         path = Path(tmp) / f"{op.name}_{digest}.py"
         path.write_text(source)
-        command = [sys.executable, "-m", "kernels.sandbox", op.name, json.dumps(shape), str(path), str(seeds),
+        command = [sys.executable, "-m", "gymflow_kernels.sandbox", op.name, json.dumps(shape), str(path), str(seeds),
                    str(min_run_time)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from kernels.cache import cache_dir
-from kernels.registry import COMPILE, CandidateUnavailable, Kernel, candidate
+from gymflow_kernels.cache import cache_dir
+from gymflow_kernels.registry import COMPILE, CandidateUnavailable, Kernel, candidate
 
 
 def compiled(fn: Kernel, *, dynamic: bool = False) -> Kernel:

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels.compiled import compiled
-from kernels.inputs import next_pow2, place
-from kernels.registry import Op, register
+from gymflow_kernels.compiled import compiled
+from gymflow_kernels.inputs import next_pow2, place
+from gymflow_kernels.registry import Op, register
 
 CHUNK_ELEMENTS = 1 << 20
 """Logits held at once by `chunked` (4 MiB in float32): large enough that each chunk's matmul stays efficient."""
