@@ -1,46 +1,51 @@
-"""The in-process generator: samples completions from a LlamaLM with a KV cache, on CPU (or the model's device).
+"""The in-process generator: samples completions from a LlamaLM with continuous batching, on CPU (or the model's
+device).
 
-Requests that share a prompt and sampling params (GRPO's G samples of one prompt) are one batch: the prompt is
-prefilled once, its cache copied to every row, then the batch decodes a token per step; finished rows stay in the
-batch but their outputs are ignored. Each row draws from its own torch.Generator, seeded from the request's
-counters, so a sample's tokens do not depend on which other requests shared its batch.
+Up to `max_batch` sequences decode together in the slots of a static KV cache (`SlotCache`), each at its own
+length. Requests are admitted in order: the requests of one prompt that enter together (GRPO's G samples) share one
+prefill, copied into their slots; a sequence that finishes frees its slot, which the next waiting request takes at
+the following step, so no row decodes padding while requests wait. Every step samples the whole batch at once.
+
+A request's random stream is a pure function of its seed counters: at admission it draws its `max_tokens`
+uniforms, and its token t is drawn from the sampled distribution by inverting that distribution's CDF at uniform t.
+So a sample's tokens do not depend on which requests shared its batch or slot (its log-probs can move in the last
+float bits with the batch's size, as any batched matmul's).
 """
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from rl_core.generation.base import FinishReason, Generation, GenerationRequest, SamplingParams, check_version
+from rl_core.generation.base import Generation, GenerationRequest, SamplingParams, check_version
 from rl_core.generation.sampling import sampling_logprobs
-from rl_core.policies.llama import KVCache, LlamaLM
+from rl_core.policies.llama import LlamaLM, SlotCache
 from rl_core.policies.pretrained import load_pretrained
 from rl_core.seeding import torch_generator
 
-
-def _gumbel_max(logprobs: torch.Tensor, rngs: Sequence[torch.Generator], active: Sequence[bool]) -> torch.Tensor:
-    """(rows,) token ids, row r drawn from exp(logprobs[r]) by Gumbel-max with rngs[r]; tokens outside the sampled
-    set (-inf) are never drawn. Inactive rows draw nothing (their generators stay put) and get their argmax."""
-    noise = torch.zeros(logprobs.shape, dtype=torch.float32)
-    for row, (rng, on) in enumerate(zip(rngs, active, strict=True)):
-        if on:
-            # clamped away from 0 so the noise is finite: a kept token's score never ties with -inf
-            uniform = torch.rand(logprobs.shape[-1], generator=rng).clamp_(min=torch.finfo(torch.float32).tiny)
-            noise[row] = -torch.log(-torch.log(uniform))
-    return (logprobs + noise.to(logprobs.device)).argmax(dim=-1)
+MAX_BATCH = 64
+"""Sequences decoded together by default: enough to keep a small model's matmuls efficient on a CPU."""
 
 
-def _ends_with_stop(completion: list[int], stop: tuple[tuple[int, ...], ...]) -> bool:
-    return any(len(completion) >= len(seq) and tuple(completion[-len(seq):]) == seq for seq in stop)
+def inverse_cdf_sample(logprobs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """(rows,) token of each row drawn from exp(logprobs[row]) with its uniform in [0, 1): the first token whose
+    cumulative probability exceeds it. Tokens of probability 0 (outside top-k / top-p) are never drawn."""
+    cdf = logprobs.double().exp().cumsum(dim=-1)
+    target = (uniforms.double() * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=logprobs.shape[-1] - 1)
 
 
 class TorchGenerator:
     """A `Generator` running a LlamaLM in this process; the reference backend that others are checked against."""
 
-    def __init__(self, model: LlamaLM, *, version: int = 0):
+    def __init__(self, model: LlamaLM, *, version: int = 0, max_batch: int = MAX_BATCH):
+        if max_batch < 1:
+            raise ValueError(f"TorchGenerator: max_batch must be >= 1, found {max_batch}")
         self.model = model.eval()
+        self.max_batch = max_batch
         self._version = int(version)
 
     @classmethod
@@ -60,18 +65,13 @@ class TorchGenerator:
         self._version = int(version)
 
     def generate(self, requests: Sequence[GenerationRequest], version: int) -> list[Generation]:
-        """One Generation per request, in order; requests with the same prompt and params share a batch."""
+        """One Generation per request, in order."""
         check_version(self._version, version)
-        groups: dict[tuple[tuple[int, ...], SamplingParams], list[int]] = {}
-        for index, request in enumerate(requests):
-            groups.setdefault((request.prompt, request.params), []).append(index)
-        for prompt, params in groups:
-            self._check_prompt(prompt, params)  # every request before any work
-        results: dict[int, Generation] = {}
-        for (prompt, params), indices in groups.items():
-            samples = self._sample_batch(prompt, params, [requests[i].seed_counters for i in indices])
-            results.update(zip(indices, samples, strict=True))
-        return [results[i] for i in range(len(requests))]
+        for request in requests:
+            self._check_prompt(request.prompt, request.params)  # every request before any work
+        if not requests:
+            return []
+        return _ContinuousBatch(self.model, list(requests), self.max_batch).run(self._version)
 
     def _check_prompt(self, prompt: tuple[int, ...], params: SamplingParams) -> None:
         spec = self.model.spec
@@ -86,34 +86,125 @@ class TorchGenerator:
             raise ValueError(f"TorchGenerator: prompt ids must lie in [0, {spec.vocab_size}), found "
                              f"{[t for t in prompt if not 0 <= t < spec.vocab_size][:5]}")
 
-    @torch.inference_mode()
-    def _sample_batch(self, prompt: tuple[int, ...], params: SamplingParams,
-                      counters: list[tuple[int, ...]]) -> list[Generation]:
-        """The samples of one prompt, a row each: prefill once, then decode the rows together."""
-        rows = len(counters)
-        device = self.model.lm_head.weight.device
-        rngs = [torch_generator(*parts) for parts in counters]
+
+class _ContinuousBatch:
+    """The state of one `generate` call: waiting requests, the slots' sequences, their outputs."""
+
+    def __init__(self, model: LlamaLM, requests: list[GenerationRequest], max_batch: int) -> None:
+        self.model, self.requests = model, requests
+        slots = min(max_batch, len(requests))
+        longest = max(r.params.max_tokens for r in requests)
+        device = model.lm_head.weight.device
         # Positions fed: the prompt and every completion token but the last, which is sampled and never fed.
-        cache = KVCache.allocate(self.model.spec, 1, len(prompt) + params.max_tokens - 1, device=device)
-        logits, cache = self.model(torch.tensor([prompt], device=device), cache)
-        cache = cache.repeat_rows(rows)
-        next_logits = logits[:, -1].expand(rows, -1)  # (rows, vocab)
-        completions: list[list[int]] = [[] for _ in range(rows)]
-        logprobs: list[list[float]] = [[] for _ in range(rows)]
-        finished: list[FinishReason | None] = [None] * rows
-        for step in range(params.max_tokens):
-            step_logprobs = sampling_logprobs(next_logits, params)
-            active = [reason is None for reason in finished]
-            tokens = _gumbel_max(step_logprobs, rngs, active)
-            chosen = step_logprobs.gather(-1, tokens[:, None]).squeeze(-1).tolist()
-            for row in (r for r in range(rows) if active[r]):
-                completions[row].append(int(tokens[row]))
-                logprobs[row].append(chosen[row])
-                if _ends_with_stop(completions[row], params.stop):
-                    finished[row] = "stop"
-            if all(reason is not None for reason in finished) or step + 1 == params.max_tokens:
+        capacity = max(len(r.prompt) + r.params.max_tokens - 1 for r in requests)
+        self.cache = SlotCache.allocate(model.spec, slots, capacity, device=device)
+        self.waiting = deque(range(len(requests)))
+        self.owner = [-1] * slots  # request index held by each slot; -1: free
+        self.uniforms = torch.zeros(slots, longest, dtype=torch.float64)
+        self.tokens = torch.zeros(slots, longest, dtype=torch.long)
+        self.logprobs = torch.zeros(slots, longest)
+        self.generated = torch.zeros(slots, dtype=torch.long)
+        self.limit = torch.zeros(slots, dtype=torch.long)  # each slot's max_tokens
+        self.next_logits = torch.zeros(slots, model.spec.vocab_size, device=device)
+        stops = sorted({seq for r in requests for seq in r.params.stop})
+        self.stops = [torch.tensor(seq) for seq in stops]
+        self.stop_member = torch.zeros(slots, len(stops), dtype=torch.bool)  # slot's request stops on stop j
+        self.stop_index = {seq: j for j, seq in enumerate(stops)}
+        self.results: list[Generation | None] = [None] * len(requests)
+
+    @torch.inference_mode()
+    def run(self, version: int) -> list[Generation]:
+        while True:
+            self._admit()
+            live = [s for s, owner in enumerate(self.owner) if owner >= 0]
+            if not live:
+                return self.results  # type: ignore[return-value]
+            width = live[-1] + 1  # slots 0 .. width - 1 take part in this step
+            chosen = self._sample(width)
+            self._finish(width, version)
+            if all(owner < 0 for owner in self.owner) and not self.waiting:
+                return self.results  # type: ignore[return-value]
+            width, chosen = self._compact(width, chosen)
+            free = torch.tensor([owner < 0 for owner in self.owner[:width]])
+            self.cache.lengths[:width][free] = 0  # a free slot decodes a throw-away token from position 0
+            self.next_logits[:width] = self.model.decode(chosen[:width].masked_fill(free, 0), self.cache)
+
+    def _admit(self) -> None:
+        """Give free slots to waiting requests, in order; requests of one prompt share its prefill."""
+        free = [s for s, owner in enumerate(self.owner) if owner < 0]
+        taken: dict[tuple[int, ...], list[int]] = {}
+        for slot in free:
+            if not self.waiting:
                 break
-            logits, cache = self.model(tokens[:, None], cache)
-            next_logits = logits[:, -1]
-        return [Generation(prompt, tuple(completion), tuple(logps), reason or "length", self._version)
-                for completion, logps, reason in zip(completions, logprobs, finished, strict=True)]
+            index = self.waiting.popleft()
+            request = self.requests[index]
+            self.owner[slot] = index
+            taken.setdefault(request.prompt, []).append(slot)
+            self.uniforms[slot, :request.params.max_tokens] = torch.rand(
+                request.params.max_tokens, generator=torch_generator(*request.seed_counters), dtype=torch.float64)
+            self.generated[slot] = 0
+            self.limit[slot] = request.params.max_tokens
+            self.stop_member[slot] = False
+            for seq in request.params.stop:
+                self.stop_member[slot, self.stop_index[seq]] = True
+        device = self.next_logits.device
+        for prompt, slots in taken.items():
+            logits, prefix = self.model(torch.tensor([prompt], device=device))
+            self.cache.fill(slots, prefix)
+            self.next_logits[slots] = logits[0, -1]
+
+    def _sample(self, width: int) -> torch.Tensor:
+        """Draw each live slot's next token from its sampled distribution; record token and log-prob."""
+        chosen = torch.zeros(width, dtype=torch.long)
+        groups: dict[tuple, list[int]] = {}
+        for slot in range(width):
+            if self.owner[slot] >= 0:
+                p = self.requests[self.owner[slot]].params
+                groups.setdefault((p.temperature, p.top_p, p.top_k), []).append(slot)
+        for (temperature, top_p, top_k), slots in groups.items():
+            rows = torch.tensor(slots)
+            params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+            logprobs = sampling_logprobs(self.next_logits[rows], params).cpu()
+            step = self.generated[rows]
+            tokens = inverse_cdf_sample(logprobs, self.uniforms[rows, step])
+            chosen[rows] = tokens
+            self.tokens[rows, step] = tokens
+            self.logprobs[rows, step] = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+            self.generated[rows] = step + 1
+        return chosen
+
+    def _finish(self, width: int, version: int) -> None:
+        """Hand back the sequences that hit a stop sequence or their max_tokens; their slots become free."""
+        live = torch.tensor([owner >= 0 for owner in self.owner[:width]])
+        count = self.generated[:width]
+        stopped = torch.zeros(width, dtype=torch.bool)
+        for j, seq in enumerate(self.stops):
+            n = len(seq)
+            index = (count[:, None] - n + torch.arange(n)).clamp(min=0)
+            ends = (self.tokens[:width].gather(1, index) == seq).all(1) & (count >= n)
+            stopped |= ends & self.stop_member[:width, j]
+        done = live & (stopped | (count >= self.limit[:width]))
+        for slot in torch.nonzero(done).flatten().tolist():
+            request, n = self.requests[self.owner[slot]], int(count[slot])
+            self.results[self.owner[slot]] = Generation(
+                request.prompt, tuple(self.tokens[slot, :n].tolist()), tuple(self.logprobs[slot, :n].tolist()),
+                "stop" if bool(stopped[slot]) else "length", version)
+            self.owner[slot] = -1
+
+    def _compact(self, width: int, chosen: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """Once no request waits, move the live sequences to the first slots when fewer than half the width is live,
+        so a step decodes no more free slots than live ones; the new width and the sampled tokens, moved alike."""
+        live = [s for s in range(width) if self.owner[s] >= 0]
+        if self.waiting or not live or len(live) * 2 > width:
+            return width, chosen
+        target = list(range(len(live)))
+        moving = [(s, t) for s, t in zip(live, target) if s != t]
+        if moving:
+            source, dest = [s for s, _ in moving], [t for _, t in moving]
+            self.cache.move(source, dest)
+            for buffer in (self.uniforms, self.tokens, self.logprobs, self.generated, self.limit, self.next_logits,
+                           self.stop_member, chosen):
+                buffer[dest] = buffer[source]
+            for s, t in moving:
+                self.owner[t], self.owner[s] = self.owner[s], -1
+        return len(live), chosen

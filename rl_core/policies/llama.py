@@ -106,6 +106,47 @@ class KVCache:
                        self.length)
 
 
+@dataclass
+class SlotCache:
+    """Keys and values of `slots` independent sequences, each at its own length: the cache of continuous batching,
+    where a finished sequence's slot is refilled by a new prompt while the others keep decoding. Per layer one
+    (slots, kv_heads, capacity, head_dim) pair; `lengths[s]` positions of slot s are filled."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    lengths: torch.Tensor  # (slots,) int64
+
+    @classmethod
+    def allocate(cls, spec: LlamaSpec, slots: int, capacity: int, *, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> SlotCache:
+        """Empty slots of up to `capacity` positions each."""
+        shape = (slots, spec.num_key_value_heads, capacity, spec.head_dim)
+        return cls([torch.zeros(shape, device=device, dtype=dtype) for _ in range(spec.num_hidden_layers)],
+                   [torch.zeros(shape, device=device, dtype=dtype) for _ in range(spec.num_hidden_layers)],
+                   torch.zeros(slots, dtype=torch.long, device=device))
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def fill(self, slots: list[int], prefix: KVCache) -> None:
+        """Put a one-row cache (a prefilled prompt) into each of `slots`."""
+        length = prefix.length
+        if length > self.capacity:
+            raise ValueError(f"SlotCache.fill: a prefix of {length} positions exceeds the capacity {self.capacity}")
+        index = torch.tensor(slots, device=self.lengths.device)
+        for mine, theirs in zip(self.keys + self.values, prefix.keys + prefix.values):
+            mine[index, :, :length] = theirs[0, :, :length]
+        self.lengths[index] = length
+
+    def move(self, source: list[int], target: list[int]) -> None:
+        """Copy slots `source` into slots `target` (compaction: the live sequences to the front)."""
+        src, dst = torch.tensor(source), torch.tensor(target)
+        for tensor in self.keys + self.values:
+            tensor[dst] = tensor[src]
+        self.lengths[dst] = self.lengths[src]
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in float32 as HF does."""
 
@@ -163,6 +204,23 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         return self.o_proj(y.transpose(1, 2).reshape(batch, steps, -1)), k, v
 
+    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+        """(B, 1, hidden) output for one new token per row, row r at its own position `positions[r]`; its key and
+        value are written into `keys`/`values` (B, kv_heads, capacity, head_dim) at that position."""
+        batch = x.shape[0]
+        q = self.q_proj(x).view(batch, 1, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, 1, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, 1, -1, self.head_dim).transpose(1, 2)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        rows = torch.arange(batch, device=x.device)
+        keys[rows, :, positions] = k[:, :, 0]
+        values[rows, :, positions] = v[:, :, 0]
+        # Row r sees its keys 0 .. positions[r]; the rest of its slot is stale or empty.
+        mask = (torch.arange(keys.shape[2], device=x.device) <= positions[:, None])[:, None, None, :]
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.kv_groups > 1)
+        return self.o_proj(y.transpose(1, 2).reshape(batch, 1, -1))
+
 
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
@@ -194,6 +252,11 @@ class DecoderLayer(nn.Module):
         x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
+    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.decode(self.input_layernorm(x), cos, sin, keys, values, positions)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
 
 class Decoder(nn.Module):
     """Embeddings, the layers and the final norm: HF's `model.` prefix."""
@@ -211,9 +274,7 @@ class Decoder(nn.Module):
         """(B, T, hidden) final hidden states and each layer's new keys and values."""
         start = 0 if cache is None else cache.length
         positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device, dtype=torch.float32)
-        angles = positions[:, None] * self.inv_freq
-        angles = torch.cat((angles, angles), dim=-1)  # (T, head_dim), HF's layout: both halves rotate alike
-        cos, sin = angles.cos(), angles.sin()
+        cos, sin = self._rotary(positions)  # (T, head_dim)
         x = self.embed_tokens(input_ids)
         keys, values = [], []
         for i, layer in enumerate(self.layers):
@@ -222,6 +283,25 @@ class Decoder(nn.Module):
             keys.append(k)
             values.append(v)
         return self.norm(x), keys, values
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the rotary angles at `positions` (..., head_dim), HF's layout: both halves rotate alike."""
+        angles = positions[..., None] * self.inv_freq
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos(), angles.sin()
+
+    def decode(self, input_ids: torch.Tensor, cache: SlotCache) -> torch.Tensor:
+        """(B, hidden) final hidden state of one new token per slot (`input_ids` (B,) for slots 0 .. B - 1), each at
+        its slot's length; the slots' lengths advance by one."""
+        batch = input_ids.shape[0]
+        positions = cache.lengths[:batch]
+        cos, sin = self._rotary(positions.to(torch.float32)[:, None])  # (B, 1, head_dim)
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, 1, head_dim): broadcast over heads
+        x = self.embed_tokens(input_ids[:, None])
+        for i, layer in enumerate(self.layers):
+            x = layer.decode(x, cos, sin, cache.keys[i][:batch], cache.values[i][:batch], positions)
+        cache.lengths[:batch] += 1
+        return self.norm(x)[:, 0]
 
 
 class LlamaLM(nn.Module):
@@ -266,6 +346,14 @@ class LlamaLM(nn.Module):
             return logits, KVCache(keys, values, steps)
         cache.length += steps
         return logits, cache
+
+    def decode(self, input_ids: torch.Tensor, cache: SlotCache) -> torch.Tensor:
+        """(B, vocab) logits of one new token in each of slots 0 .. B - 1 (`input_ids` (B,)), every slot at its own
+        length: one step of continuous batching."""
+        if int(cache.lengths[:input_ids.shape[0]].max()) >= min(cache.capacity, self.spec.max_position_embeddings):
+            raise ValueError(f"LlamaLM.decode: a slot is full ({cache.capacity} positions of cache, context "
+                             f"{self.spec.max_position_embeddings})")
+        return self.lm_head(self.model.decode(input_ids, cache))
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The tensors HF saves: every parameter by name, without lm_head.weight when it is the tied embedding."""
