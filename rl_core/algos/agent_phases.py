@@ -51,7 +51,7 @@ def rollout_chunk(cfg: "AgentRunConfig", make_env: MakeEnv, tokenizer: Tokenizer
     specs = [EpisodeSpec(g, s, seeds[g]) for g in groups for s in range(cfg.algorithm.group_size)]
     episodes = run_episodes(specs, make_env, tokenizer, generate, sampling_params(cfg),
                             (cfg.seed, ROLLOUT_STREAM, iteration), context, version, step_threads)
-    batch = TrajectoryBatch.from_episodes(episodes, getattr(tokenizer, "pad_id", 0))
+    batch = TrajectoryBatch.from_episodes(episodes, tokenizer.pad_id)
     meta = {"iteration": iteration, "version": version, "chunk": chunk, "groups": [groups.start, groups.stop],
             **episode_meta(episodes)}
     return batch.to_arrays(), meta

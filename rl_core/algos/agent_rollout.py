@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from rl_core.algos.trajectories import Episode, Segment, Tokenizer
+from rl_core.algos.trajectories import Episode, Tokenizer
 from rl_core.envs.agent import AgentEnv
 from rl_core.generation import Generation, GenerationRequest, SamplingParams
 
@@ -38,9 +38,9 @@ def stop_sequences(env: AgentEnv, tokenizer: Tokenizer) -> tuple[tuple[int, ...]
 
 
 def first_prompts(make_env: Callable[[], AgentEnv], tokenizer: Tokenizer, seeds: Sequence[int]) -> list[int]:
-    """Token count of each problem's first prompt (bos included), to check them against the context up front."""
+    """Token count of each problem's first prompt as the model sees it, to check them against the context up front."""
     env = make_env()
-    return [len(Segment.start(tokenizer, env.reset(seed)).tokens) for seed in seeds]
+    return [len(tokenizer.conversation_ids([("user", env.reset(seed))])) for seed in seeds]
 
 
 def run_episodes(
@@ -61,8 +61,8 @@ def run_episodes(
     envs at once (for envs whose step waits on a simulation elsewhere); episodes never share state, so the result
     is the same."""
     envs = [make_env() for _ in specs]
-    episodes = [Episode(s.group, s.sample, s.problem_seed, version,
-                        [Segment.start(tokenizer, env.reset(s.problem_seed))]) for s, env in zip(specs, envs)]
+    episodes = [Episode.begin(tokenizer, s.group, s.sample, s.problem_seed, version, env.reset(s.problem_seed))
+                for s, env in zip(specs, envs)]
     stop = stop_sequences(envs[0], tokenizer) if envs else ()
     for turn in range(1, max((env.max_turns for env in envs), default=0) + 1):
         running = [i for i, e in enumerate(episodes) if not e.done]
@@ -105,7 +105,7 @@ def _take_turn(episode: Episode, env: AgentEnv, generation: Generation, tokenize
         raise RuntimeError(f"the generator answered with policy version {generation.version}, not the asked "
                            f"version {version}: its samples would be mislabelled")
     action = tokenizer.decode(generation.completion)
-    episode.current.append(list(generation.completion), action, 2 * turn - 1, list(generation.logprobs))
+    episode.act(list(generation.completion), list(generation.logprobs), action, 2 * turn - 1)
     episode.finish_reasons.append(generation.finish_reason)
     observation, reward, done, info = env.step(action)
     episode.reward += float(reward)

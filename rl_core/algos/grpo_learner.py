@@ -26,7 +26,6 @@ from rl_core.algos.trajectories import TrajectoryBatch
 from rl_core.data import RunLayout
 from rl_core.envs.agent import make_agent_env
 from rl_core.generation import SamplingParams
-from rl_core.policies.char_tokenizer import CharTokenizer
 from rl_core.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -113,7 +112,7 @@ class GRPOLearner:
 
 def score(cfg: "AgentRunConfig", parts: list[Tensors], metas: list[dict[str, Any]]) -> Tensors:
     """Group-relative advantages of the iteration's episodes, broadcast to their token rows."""
-    batch = TrajectoryBatch.concatenate([TrajectoryBatch.from_arrays(p) for p in parts], CharTokenizer.pad_id)
+    batch = TrajectoryBatch.concatenate([TrajectoryBatch.from_arrays(p) for p in parts], tokenizer_of(cfg).pad_id)
     advantages = group_advantages(batch.rewards, batch.episode_group, cfg.algorithm.scale_std)
     return {"tokens": batch.tokens, "loss_mask": batch.loss_mask, "behaviour_logprobs": batch.behaviour_logprobs,
             "lengths": batch.lengths, "advantages": advantages[batch.row_episode],

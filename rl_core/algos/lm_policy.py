@@ -1,14 +1,12 @@
 """The language-model policy of an agent run: a causal LM and its tokenizer, as flat named arrays.
 
-The model is built here (a small Llama whose vocabulary is the agent env's alphabet) or loaded from a directory
-that `save_pretrained` wrote; either way its weights travel under Hugging Face's parameter names behind `model.`
-(`model.model.embed_tokens.weight`, `model.lm_head.weight`, ...), so a checkpoint's policy tensors are exactly what
-the generator's `update_weights` and transformers take once the prefix is dropped.
+The model is built here (a small Llama whose vocabulary is the agent env's alphabet) or loaded from a model
+directory or a GGUF file (`rl_core.policies.hf_model`); either way its weights travel under Hugging Face's parameter
+names behind `model.` (`model.model.embed_tokens.weight`, `model.lm_head.weight`, ...), so a checkpoint's policy
+tensors are exactly what the generator's `update_weights` and transformers take once the prefix is dropped.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,10 +14,9 @@ import torch
 
 from rl_core.algos.base import Tensors
 from rl_core.envs.agent import make_agent_env
-from rl_core.policies import char_tokenizer
 from rl_core.policies.char_tokenizer import CharTokenizer
+from rl_core.policies.hf_model import Tokenizer, inspect_causal_lm, load_causal_lm
 from rl_core.policies.llama import LlamaLM, LlamaSpec
-from rl_core.policies.pretrained import CONFIG_FILE, load_pretrained, spec_from_hf_config
 
 if TYPE_CHECKING:
     from rl_core.agent_config import AgentRunConfig
@@ -27,19 +24,18 @@ if TYPE_CHECKING:
 PREFIX = "model."
 
 
-def tokenizer_of(cfg: "AgentRunConfig") -> CharTokenizer:
-    """The run's tokenizer: the model directory's, or one built from the agent env's alphabet."""
+def tokenizer_of(cfg: "AgentRunConfig") -> Tokenizer:
+    """The run's tokenizer: the model's own (`cfg.model.path`), or one built from the agent env's alphabet."""
     if cfg.model.path is not None:
-        return CharTokenizer.load(Path(cfg.model.path) / char_tokenizer.FILE_NAME)
+        return inspect_causal_lm(cfg.model.path)[1]
     return CharTokenizer(make_agent_env(cfg.env.name).alphabet)
 
 
 def model_spec(cfg: "AgentRunConfig") -> LlamaSpec:
-    """The run's model shape, without building the model: the directory's config.json, or the sizes of
-    `cfg.model` over the env's alphabet."""
+    """The run's model shape, without building the model: the source's config, or the sizes of `cfg.model` over
+    the env's alphabet."""
     if cfg.model.path is not None:
-        config_file = Path(cfg.model.path) / CONFIG_FILE
-        return spec_from_hf_config(json.loads(config_file.read_text()), str(config_file))
+        return inspect_causal_lm(cfg.model.path)[0]
     tokenizer, m = tokenizer_of(cfg), cfg.model
     return LlamaSpec(vocab_size=tokenizer.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
                      num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
@@ -47,11 +43,12 @@ def model_spec(cfg: "AgentRunConfig") -> LlamaSpec:
                      eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
 
 
-def build_language_model(cfg: "AgentRunConfig") -> tuple[LlamaLM, CharTokenizer]:
-    """The run's initial model and tokenizer: loaded from `cfg.model.path`, or built from the env's alphabet and
-    seeded from the run's seed (equal configs give equal weights)."""
+def build_language_model(cfg: "AgentRunConfig") -> tuple[LlamaLM, Tokenizer]:
+    """The run's initial model and tokenizer: loaded from `cfg.model.path` (a gymflow or Hugging Face model
+    directory, or a GGUF file), or built from the env's alphabet and seeded from the run's seed (equal configs give
+    equal weights)."""
     if cfg.model.path is not None:
-        return load_pretrained(cfg.model.path)
+        return load_causal_lm(cfg.model.path)
     return LlamaLM(model_spec(cfg), seed=cfg.seed), tokenizer_of(cfg)
 
 
@@ -63,7 +60,7 @@ def hf_state(state: Tensors, prefix: str = PREFIX) -> dict[str, np.ndarray]:
 class LMPolicy:
     """A causal LM that acts by generating text; `state()` holds its weights and nothing else."""
 
-    def __init__(self, model: LlamaLM, tokenizer: CharTokenizer) -> None:
+    def __init__(self, model: LlamaLM, tokenizer: Tokenizer) -> None:
         self.model = model
         self.tokenizer = tokenizer
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from rl_core.algos.gradients import clip_grad_norm_, flat_grad_views
-from rl_core.algos.trajectories import Segment, Tokenizer
+from rl_core.algos.trajectories import Message, Segment, Tokenizer, extend_or_restart
 from rl_core.envs.agent import AgentEnv
 from rl_core.policies.llama import LlamaLM
 
@@ -28,23 +28,25 @@ MAX_GRAD_NORM = 1.0
 def demonstration_segment(env: AgentEnv, tokenizer: Tokenizer, seed: int, actions: list[str] | None = None) -> Segment:
     """Problem `seed` played with `actions` (default: what SFT imitates, the env's `sft_demonstration` where it has
     one, else its `demonstration`), as the token sequence a rollout would hold (one segment: a demonstration whose
-    observations re-tokenize differently is refused, to keep it exact)."""
-    segment = Segment.start(tokenizer, env.reset(seed))
+    turns the tokenizer would not render as one sequence is refused, to keep it exact)."""
+    messages: list[Message] = [("user", env.reset(seed))]
+    segments = [Segment.start(tokenizer.conversation_ids(messages))]
     actions = actions or getattr(env, "sft_demonstration", env.demonstration)(seed)
     for turn, action in enumerate(actions, start=1):
-        ids = tokenizer.encode(action)
-        segment.append(ids, action, 2 * turn - 1, [0.0] * len(ids))
+        ids = tokenizer.action_ids(action)
+        segments[-1].append(ids, 2 * turn - 1, [0.0] * len(ids))
+        messages.append(("assistant", action))
         if turn == len(actions):
             break  # the last action's outcome is not needed (for a simulated env it would cost a simulation)
         observation, _, done, _ = env.step(action)
         if done:
             raise ValueError(f"{env.name}: the demonstration of problem {seed} ended after {turn} of its "
                              f"{len(actions)} actions")
-        retokenized = tokenizer.encode(segment.text + observation)
-        if retokenized[:len(segment.tokens) - 1] != segment.tokens[1:]:
+        messages.append(("user", observation))
+        extend_or_restart(segments, tokenizer, messages, 2 * turn)
+        if len(segments) > 1:
             raise ValueError(f"{env.name}: the demonstration of problem {seed} does not tokenize as one sequence")
-        segment.append(retokenized[len(segment.tokens) - 1:], observation, 2 * turn)
-    return segment
+    return segments[0]
 
 
 def demonstration_batch(env: AgentEnv, tokenizer: Tokenizer, seeds: list[int], pad_id: int, context: int
@@ -77,7 +79,7 @@ def supervised_warm_start(model: LlamaLM, tokenizer: Tokenizer, env: AgentEnv, s
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=peak_lr)
     grad = flat_grad_views(tuple(params))
-    pad_id = getattr(tokenizer, "pad_id", 0)
+    pad_id = tokenizer.pad_id
     losses: list[float] = []
     model.train()
     for step in range(steps):

@@ -1,10 +1,13 @@
 """Token-exact trajectories of agent episodes: the token ids the generator produced, never re-tokenized.
 
-An episode is one or more segments. A segment is a token sequence as the model saw it: a prompt (bos + the env's
-first observation), then turns appended as ids: the agent's completion (loss mask 1, with the behaviour log-prob of
-every sampled token) and the env's next observation (mask 0: tool output is not the agent's to learn). When an
-observation would re-tokenize the text so far differently from the ids already in the segment, a new segment starts
-whose prompt is the re-tokenized text, so every segment stays exactly what the model was conditioned on.
+An episode is a conversation (the env's observations as user messages, the agent's actions as assistant messages)
+held as one or more segments. A segment is a token sequence as the model saw it: a prompt (the conversation so far,
+rendered by the tokenizer: bos and the text for a char model, the chat template for a pretrained one), then turns
+appended as ids: the agent's completion (loss mask 1, with the behaviour log-prob of every sampled token) and the
+ids that render the env's next observation (mask 0: tool output is not the agent's to learn). When rendering the
+conversation with the new observation would not extend the ids already held (a template that writes the agent's turn
+otherwise than it was sampled, a merge across the boundary), a new segment starts whose prompt is the re-rendered
+conversation, so every segment stays exactly what the model was conditioned on.
 
 `TrajectoryBatch` lays episodes out as arrays (one row per segment, padded) plus JSON meta (env infos, finish
 reasons): the format rollout writes to the store and score reads back.
@@ -20,16 +23,27 @@ import numpy as np
 PROMPT_TURN = 0
 """`turns` value of prompt tokens; action k has turn 2k - 1, the observation after it 2k; padding -1."""
 
+Message = tuple[str, str]
+"""(role, text): "user" for the env's observations, "assistant" for the agent's actions."""
+
 
 class Tokenizer(Protocol):
-    """What trajectories need of a tokenizer."""
+    """What trajectories need of a tokenizer (`CharTokenizer`, `HFTokenizer`)."""
 
-    bos_id: int
     eos_id: int
+    pad_id: int
 
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
+
+    def conversation_ids(self, messages: list[Message]) -> list[int]:
+        """The conversation rendered and tokenized, ready for the agent's next turn."""
+        ...
+
+    def action_ids(self, text: str) -> list[int]:
+        """An assistant turn as the model writes it (for demonstrations)."""
+        ...
 
 
 @dataclass
@@ -37,52 +51,69 @@ class Segment:
     """One token sequence the model was conditioned on, with per-token loss mask, behaviour log-prob and turn."""
 
     tokens: list[int]
-    text: str  # the text the tokens after bos stand for: re-tokenizing it must give them back
     loss_mask: list[float] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turns: list[int] = field(default_factory=list)
 
     @classmethod
-    def start(cls, tokenizer: Tokenizer, text: str) -> Segment:
-        tokens = [tokenizer.bos_id, *tokenizer.encode(text)]
-        return cls(tokens, text, [0.0] * len(tokens), [0.0] * len(tokens), [PROMPT_TURN] * len(tokens))
+    def start(cls, ids: list[int]) -> Segment:
+        """A segment whose prompt is `ids`."""
+        return cls(list(ids), [0.0] * len(ids), [0.0] * len(ids), [PROMPT_TURN] * len(ids))
 
-    def append(self, ids: list[int], text: str, turn: int, logprobs: list[float] | None = None) -> None:
-        """Add ids (a completion with its log-probs, or an observation without) standing for `text`."""
+    def append(self, ids: list[int], turn: int, logprobs: list[float] | None = None) -> None:
+        """Add ids: a completion with its log-probs (in the loss), or an observation's rendering (not)."""
         self.tokens.extend(ids)
-        self.text += text
         self.loss_mask.extend([1.0 if logprobs is not None else 0.0] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
         self.turns.extend([turn] * len(ids))
 
 
+def extend_or_restart(segments: list[Segment], tokenizer: Tokenizer, messages: list[Message], turn: int) -> None:
+    """After the env answered (its observation the last of `messages`): append the ids that render it to the current
+    segment when the re-rendered conversation extends the ids held, else start a new segment from the rendering."""
+    rendered = tokenizer.conversation_ids(messages)
+    held = segments[-1].tokens
+    if rendered[:len(held)] == held:
+        segments[-1].append(rendered[len(held):], turn)
+    else:
+        segments.append(Segment.start(rendered))
+
+
 @dataclass
 class Episode:
-    """One episode of one prompt group's sample: its segments, reward and what the env said."""
+    """One episode of one prompt group's sample: its conversation, segments, reward and what the env said."""
 
     group: int  # prompt group index within the iteration
     sample: int  # sample index within the group
     problem_seed: int
     version: int  # policy version that generated every completion
+    messages: list[Message]
     segments: list[Segment]
     reward: float = 0.0
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     finish_reasons: list[str] = field(default_factory=list)
 
+    @classmethod
+    def begin(cls, tokenizer: Tokenizer, group: int, sample: int, problem_seed: int, version: int,
+              prompt: str) -> Episode:
+        messages = [("user", prompt)]
+        segment = Segment.start(tokenizer.conversation_ids(messages))
+        return cls(group, sample, problem_seed, version, messages, [segment])
+
     @property
     def current(self) -> Segment:
         return self.segments[-1]
 
+    def act(self, ids: list[int], logprobs: list[float], text: str, turn: int) -> None:
+        """The agent's sampled turn: its ids with their behaviour log-probs, and the text the env reads."""
+        self.current.append(ids, turn, logprobs)
+        self.messages.append(("assistant", text))
+
     def observe(self, tokenizer: Tokenizer, observation: str, turn: int) -> None:
-        """Append the env's observation as ids, or start a new segment when appending would not be exact."""
-        segment = self.current
-        retokenized = tokenizer.encode(segment.text + observation)
-        held = segment.tokens[1:]  # after bos
-        if retokenized[:len(held)] == held:
-            segment.append(retokenized[len(held):], observation, turn)
-        else:
-            self.segments.append(Segment.start(tokenizer, segment.text + observation))
+        """The env's answer, appended exactly or in a new segment (`extend_or_restart`)."""
+        self.messages.append(("user", observation))
+        extend_or_restart(self.segments, tokenizer, self.messages, turn)
 
     @property
     def generated_tokens(self) -> int:

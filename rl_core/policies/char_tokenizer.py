@@ -6,7 +6,7 @@ sorted order, so the same alphabet written in any order gives the same ids. Save
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
@@ -52,6 +52,19 @@ class CharTokenizer:
             if token >= len(SPECIAL_TOKENS):
                 chars.append(self.alphabet[token - len(SPECIAL_TOKENS)])
         return "".join(chars)
+
+    def conversation_ids(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """An agent conversation ((role, text) messages) ready for the next turn: bos, then the texts one after
+        another (no chat template: the task's own text says whose turn it is)."""
+        return [self.bos_id, *self.encode("".join(text for _, text in messages))]
+
+    def action_ids(self, text: str) -> list[int]:
+        """An action as the model writes it: its characters (it ends with the env's stop string, not eos)."""
+        return self.encode(text)
+
+    def can_write(self, text: str) -> bool:
+        """Whether every character of `text` is in the alphabet."""
+        return set(text) <= set(self.alphabet)
 
     def save(self, path: str | Path) -> None:
         """Write the tokenizer as JSON to `path`."""

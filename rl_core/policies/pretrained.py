@@ -58,8 +58,8 @@ def save_pretrained(model: LlamaLM, tokenizer: CharTokenizer, directory: str | P
 
 def spec_from_hf_config(config: dict[str, Any], source: str) -> LlamaSpec:
     """The LlamaSpec of a config.json's contents, or a ValueError saying why LlamaLM cannot run it."""
-    architectures = config.get("architectures") or []
-    if ARCHITECTURE not in architectures or config.get("model_type") != MODEL_TYPE:
+    architectures = config.get("architectures") or []  # a GGUF file's config names none
+    if config.get("model_type") != MODEL_TYPE or (architectures and ARCHITECTURE not in architectures):
         raise ValueError(f"{source}: not a Llama causal LM: expected architectures [{ARCHITECTURE!r}] and model_type "
                          f"{MODEL_TYPE!r}, found {architectures} and {config.get('model_type')!r}")
     different = {key: config[key] for key, value in _FIXED_ARCHITECTURE.items() if config.get(key, value) != value}

@@ -105,9 +105,9 @@ def test_an_observation_that_would_retokenize_the_prefix_starts_a_new_segment() 
     first, second = episode.segments
     call, answer = env.demonstration(seed)
     assert first.tokens[-len(call):] == tokenizer.encode(call) and sum(first.loss_mask) == len(call)
-    # the new segment's prompt is the whole text re-tokenized (the "><" merged), then the answer as sampled
-    text = second.text
-    assert second.tokens[:-len(answer)] == [tokenizer.bos_id, *tokenizer.encode(text[:-len(answer)])]
+    # the new segment's prompt is the whole conversation re-tokenized (the "><" merged), then the answer as sampled
+    assert second.tokens[:-len(answer)] == tokenizer.conversation_ids(episode.messages[:3])
+    assert [role for role, _ in episode.messages] == ["user", "assistant", "user", "assistant"]
     assert tokenizer.merged_id in second.tokens and sum(second.loss_mask) == len(answer)
     batch = TrajectoryBatch.from_episodes([episode], tokenizer.pad_id)
     assert batch.row_episode.tolist() == [0, 0] and batch.generated_tokens == len(call) + len(answer)

@@ -20,7 +20,7 @@ def test_a_tool_demonstration_trains_on_the_agents_tokens_only() -> None:
     call, answer = env.demonstration(seed)
     trained = "".join(tokenizer.decode([t]) for t, m in zip(segment.tokens, segment.loss_mask) if m)
     assert trained == call + answer
-    output = segment.text[len(env.reset(seed) + call):-len(answer)]
+    output = tokenizer.decode(t for t, turn in zip(segment.tokens, segment.turns) if turn == 2)
     assert output == f"<out>{answer[5:-6]}</out>"  # the tool's output: in the sequence, not in the loss
 
 

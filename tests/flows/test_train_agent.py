@@ -18,6 +18,7 @@ from rl_core.checkpoint.cli import main as checkpoint_cli
 from rl_core.data import read_tensors
 from rl_core.runtime.local_ray import kill_local_ray_of
 from tests.flows.flow_helpers import inject_faults, task_runs
+from tests.smollm2 import smollm2_gguf
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api", "local_ray")]
 SEED = 7
@@ -132,3 +133,28 @@ def test_physics_in_the_loop_scores_plans_on_simulation_workers(tmp_path) -> Non
     chunk, _ = read_tensors(f"{summary['run_dir']}/trajectories/000000/chunk-000.safetensors")
     assert chunk["rewards"].max() > 0  # some plan kept the pole up for a while: the reward came from MuJoCo
     assert 0 <= summary["mean_reward_final"] <= 1
+
+
+def test_a_pretrained_model_from_a_gguf_file_trains_two_iterations_token_exact(tmp_path) -> None:
+    """SmolLM2-135M-Instruct with its tokenizer and chat template, no SFT: two GRPO iterations through the flow."""
+    from rl_core.policies.hf_model import inspect_causal_lm
+
+    gguf = smollm2_gguf()
+    summary = _run(f"file://{tmp_path}/runs", "smollm2", model_path=gguf, env="Arithmetic-v0", sft_steps=0,
+                   prompts_per_iteration=2, group_size=2, max_tokens=12, eval_problems=2, update_epochs=1,
+                   rollout_groups_per_write=1)
+    assert CheckpointStore(f"{summary['run_dir']}/checkpoints").versions() == [0, 1, 2]
+    assert summary["logprob_parity_max"] < 1e-3, summary["logprob_parity_max"]  # 30 float32 layers
+    _, tokenizer = inspect_causal_lm(gguf)
+    chunk, header = read_tensors(f"{summary['run_dir']}/trajectories/000001/chunk-000.safetensors")
+    prompt = tokenizer.conversation_ids([("user", header["infos"] and _prompt(chunk, 0))])
+    row = chunk["tokens"][0, :chunk["lengths"][0]].tolist()
+    assert row[:len(prompt)] == prompt  # the chat template's ids, as the generator saw them
+    sampled = [t for t, m in zip(row, chunk["loss_mask"][0]) if m]
+    assert sampled and row[len(prompt):len(prompt) + len(sampled)] == sampled
+
+
+def _prompt(chunk, episode: int) -> str:
+    from rl_core.envs.agent import make_agent_env
+
+    return make_agent_env("Arithmetic-v0").reset(int(chunk["problem_seeds"][episode]))
