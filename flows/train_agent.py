@@ -12,12 +12,17 @@
         checkpoint_diff(i)    -> version v_i+1       (lossless delta, naming the trajectories it consumed)
     evaluate(final version)                 held-out accuracy and mean reward
 
+With `max_staleness` S >= 1, rollout(i+1) starts when train_shard(i) does, sampling from v_i (one version stale),
+so the generator and the trainer ranks work at the same time; the update corrects for the lag (decoupled PPO with
+truncated importance weights, `rl_core/algos/grpo.py`).
+
 The steps after rollout are the control flow's own tasks: they reach GRPO through the algorithm seam. The flow's
 parameters are the agent run's launch options (`rl_core.launch_options.agent_launch_options`); `gymflow train-agent`
 runs it from a terminal, `prefect deployment run 'train-agent/agent-train'` through a worker.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -29,6 +34,7 @@ from flows.parameters import with_launch_options
 from flows.run_start import start_run
 from flows.store_credentials import CREDENTIALS_BLOCK
 from rl_core.agent_presets import build_agent_config
+from rl_core.algos.agent_phases import behaviour_version
 from rl_core.data.storage_report import storage_report
 from rl_core.iteration_clock import IterationClock
 from rl_core.launch_options import agent_launch_options
@@ -62,21 +68,28 @@ def train_agent(**options: Any) -> dict:
         logger.info("warm start (v0): held-out accuracy %.3f, mean reward %.3f", warm["accuracy"], warm["mean_reward"])
         progress.start(version, cfg.iterations)
         clock = IterationClock()
+        rolling = None  # with max_staleness >= 1: the next iteration's rollout, running while this one trains
         for iteration in range(version, cfg.iterations):
-            rolled = rollout(cfg, actors, run.incarnation, iteration, version)
+            rolled = rolling.result() if rolling else rollout(cfg, actors, run.incarnation, iteration,
+                                                              behaviour_version(cfg, iteration))
             scored = score(cfg, run.incarnation, iteration, version, rolled["trajectories"])
             shards = [train_shard.submit(cfg, actors, run.incarnation, iteration, version, k, scored["scored"])
                       for k in range(cfg.num_ranks)]
+            ahead = cfg.algorithm.max_staleness and iteration + 1 < cfg.iterations
+            rolling = rollout.submit(cfg, actors, run.incarnation, iteration + 1,
+                                     behaviour_version(cfg, iteration + 1)) if ahead else None
             trained = [s.result() for s in shards]
             committed = checkpoint_diff(cfg, run.incarnation, iteration, version, trained[0]["staged"],
                                         rolled["trajectories"])
             version = committed["version"]
-            parity.append(trained[0]["logprob_parity_max"])
+            metrics = trained[0]
+            parity.append(metrics.get("logprob_parity_max", math.nan))  # absent when no sample is fresh
             progress.report_agent_iteration(rolled["tokens"], rolled["accuracy"], rolled["mean_reward"], parity[-1])
             logger.info("iteration %d: version %d, accuracy %.3f, mean reward %.3f, %d tokens, log-prob parity max "
-                        "%.1e mean %.1e, kl %.4f, %d bytes stored", iteration + 1, version, rolled["accuracy"],
-                        rolled["mean_reward"], rolled["tokens"], parity[-1], trained[0]["logprob_parity_mean"],
-                        trained[0]["kl"], committed["encoded_bytes"])
+                        "%.1e mean %.1e, staleness %.2f (%d rows dropped), kl %.4f, %d bytes stored", iteration + 1,
+                        version, rolled["accuracy"], rolled["mean_reward"], rolled["tokens"], parity[-1],
+                        metrics.get("logprob_parity_mean", math.nan), metrics["staleness_mean"],
+                        metrics["dropped_rows"], metrics["kl"], committed["encoded_bytes"])
             clock.lap()
         final = evaluate(cfg, actors, run.incarnation, version)
     finally:
@@ -88,7 +101,8 @@ def train_agent(**options: Any) -> dict:
         "mean_reward_sft": warm["mean_reward"],
         "mean_reward_final": final["mean_reward"],
         "tokens_generated": storage["counters"].get("tokens_generated", 0),
-        "logprob_parity_max": max(parity, default=None),  # None: this flow run trained no iteration
+        # None: no iteration of this flow run had a fresh sample to compare (it trained none, or all were stale)
+        "logprob_parity_max": max((p for p in parity if not math.isnan(p)), default=None),
         "policy_sha256": final["policy_sha256"],
         "iterations": cfg.iterations,
         "env": cfg.env.name,

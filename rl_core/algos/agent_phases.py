@@ -31,6 +31,13 @@ def iteration_problems(cfg: "AgentRunConfig", env: AgentEnv, iteration: int) -> 
     return env.problem_seeds("train", count, start=iteration * count)
 
 
+def behaviour_version(cfg: "AgentRunConfig", iteration: int) -> int:
+    """The policy version that samples iteration `iteration`: the version it trains from, or with max_staleness >= 1
+    the one before (its rollout runs while the previous iteration trains), so samples are at most one version
+    stale. A rule, not a mode: a retried or resumed rollout asks for the same version."""
+    return iteration if cfg.algorithm.max_staleness == 0 else max(iteration - 1, 0)
+
+
 def chunk_groups(cfg: "AgentRunConfig", chunk: int) -> range:
     """Prompt groups written together as rollout chunk `chunk`."""
     per_chunk, total = cfg.rollout_groups_per_write, cfg.algorithm.prompts_per_iteration

@@ -12,6 +12,12 @@ log-prob, so any other recomputation would put a silent offset in every ratio.
 Distributed: every rank reads the whole scored batch; a minibatch is a set of prompt groups, of which rank k takes
 every K-th. Loss weights are computed from the global minibatch (its rows and tokens), times K, so the ranks'
 averaged gradient is the one-process gradient.
+
+Asynchronous (max_staleness S >= 1): a sample may come from an older policy than the one the update starts from
+(the proximal policy). As in decoupled PPO (Hilton et al., 2022) with truncated importance sampling (TIS), the ratio
+is clipped against the proximal policy's log-probs, recomputed before the first step, and each token's loss is
+weighted by min(pi_prox / pi_behaviour, tis_cap); a sample staler than S is dropped (counted in the metrics).
+With S = 0 every sample is fresh: the ratio's denominator is the behaviour log-prob and every weight is exactly 1.
 """
 from __future__ import annotations
 
@@ -72,10 +78,11 @@ class ScoredTokens:
     advantages: torch.Tensor  # (R,) float32: the row's episode's advantage
     groups: torch.Tensor  # (R,) int64: the row's prompt group
     lengths: torch.Tensor  # (R,) int64
+    versions: torch.Tensor  # (R,) int64: the policy version that generated the row
 
     @classmethod
     def from_arrays(cls, arrays: Tensors) -> ScoredTokens:
-        names = ("tokens", "loss_mask", "behaviour_logprobs", "advantages", "groups", "lengths")
+        names = ("tokens", "loss_mask", "behaviour_logprobs", "advantages", "groups", "lengths", "versions")
         missing = [n for n in names if n not in arrays]
         if missing:
             raise ValueError(f"not a GRPO scored batch: fields {missing} are missing; rerun the score step")
@@ -104,16 +111,62 @@ def loss_weights(mask: torch.Tensor, global_rows: int, global_tokens: float, tok
 def logprob_parity(model: LlamaLM, batch: ScoredTokens, rows: torch.Tensor, params: SamplingParams,
                    hooks: UpdateHooks) -> dict[str, float]:
     """Max and mean |trainer log-prob - behaviour log-prob| over the sampled tokens of all ranks' rows, before any
-    step: how exactly the trainer reproduces the distribution the generator sampled from."""
-    with torch.no_grad():
-        tokens, mask, behaviour = batch.trimmed(rows)
-        # where(): a position outside the sampled set (prompt, padding) may be -inf under top-k / top-p
-        gap = torch.where(mask > 0, (token_logprobs(model, tokens, params) - behaviour).abs(), 0.0)
-        sums = torch.stack([gap.sum(), mask.sum()]).double()
-        worst = gap.max().reshape(1) if gap.numel() else torch.zeros(1)
+    step: how exactly the trainer reproduces the distribution the generator sampled from. Rows from another
+    policy version compare nothing (empty: no key)."""
+    gap, mask = torch.zeros(0), torch.zeros(0)
+    if len(rows):
+        with torch.no_grad():
+            tokens, mask, behaviour = batch.trimmed(rows)
+            # where(): a position outside the sampled set (prompt, padding) may be -inf under top-k / top-p
+            gap = torch.where(mask > 0, (token_logprobs(model, tokens, params) - behaviour).abs(), 0.0)
+    sums = torch.stack([gap.sum(), mask.sum()]).double()
+    worst = gap.max().reshape(1) if gap.numel() else torch.zeros(1)
     hooks.all_reduce_mean(sums)
     hooks.all_reduce_max(worst)
-    return {"logprob_parity_max": float(worst[0]), "logprob_parity_mean": float(sums[0] / sums[1].clamp(min=1))}
+    if sums[1] == 0:
+        return {}
+    return {"logprob_parity_max": float(worst[0]), "logprob_parity_mean": float(sums[0] / sums[1])}
+
+
+@dataclass(frozen=True)
+class UpdateStart:
+    """What an update fixes before its first step, from the weights it starts from (the proximal policy)."""
+
+    old_logprobs: torch.Tensor  # (R, L - 1): the ratio's denominator per predicted token
+    importance: torch.Tensor  # (R, L - 1): min(pi_prox / pi_behaviour, cap) for stale rows, 1 for fresh ones
+    kept: torch.Tensor  # (R,) float32: 0 for rows staler than max_staleness
+    metrics: dict[str, float]
+
+    @classmethod
+    def prepare(cls, model: LlamaLM, batch: ScoredTokens, params: SamplingParams, train_version: int,
+                max_staleness: int, tis_cap: float, hooks: UpdateHooks) -> UpdateStart:
+        """Parity on the fresh rows of this rank's share; proximal log-probs and truncated importance weights for
+        the stale rows (every rank computes them for the whole batch: any rank may take any group)."""
+        staleness = train_version - batch.versions
+        if (staleness < 0).any():
+            raise ValueError(f"samples of policy version {int(batch.versions.max())} in the update of version "
+                             f"{train_version}: a sample cannot come from a newer policy than the trainer's")
+        old = batch.behaviour_logprobs[:, 1:].clone()
+        importance = torch.ones_like(old)
+        stale = torch.nonzero((staleness > 0) & (staleness <= max_staleness)).flatten()
+        if len(stale):
+            tokens, mask, behaviour = batch.trimmed(stale)
+            with torch.no_grad():
+                proximal = token_logprobs(model, tokens, params)
+            width = tokens.shape[1] - 1
+            old[stale, :width] = proximal
+            ratio = torch.where(mask > 0, (proximal - behaviour).exp().clamp(max=tis_cap), 1.0)
+            importance[stale, :width] = ratio
+        share = batch.rows_of(torch.unique(batch.groups)[hooks.rank::hooks.world_size])
+        fresh = share[staleness[share] == 0]
+        kept = (staleness <= max_staleness).float()
+        stale_mask = batch.loss_mask[stale, 1:]
+        metrics = {**logprob_parity(model, batch, fresh, params, hooks),
+                   "staleness_mean": float(staleness.double().mean()),
+                   "dropped_rows": float((kept == 0).sum()),
+                   "importance_weight_mean": float((importance[stale] * stale_mask).sum() / stale_mask.sum())
+                   if len(stale) and stale_mask.sum() > 0 else 1.0}
+        return cls(old, importance, kept, metrics)
 
 
 def grpo_update(
@@ -129,13 +182,15 @@ def grpo_update(
     token_level: bool,
     max_grad_norm: float,
     generator_seed: int,
+    start: UpdateStart,
     reference: LlamaLM | None = None,
     hooks: UpdateHooks = UpdateHooks(),
     done: Epochs = (),
 ) -> Epochs:
     """Minibatch steps over the prompt groups of `batch` for the epochs after `done`; every epoch's metrics.
 
-    Epoch e visits the groups in the order drawn from (generator_seed, e), so an update resumed at an epoch
+    `start` (`UpdateStart.prepare`, before the first step) fixes each token's ratio denominator and importance
+    weight. Epoch e visits the groups in the order drawn from (generator_seed, e), so an update resumed at an epoch
     boundary continues exactly as if it had never stopped."""
     history = list(done)
     if len(history) >= update_epochs:
@@ -144,24 +199,27 @@ def grpo_update(
     grad = flat_grad_views(params_list)
     groups = torch.unique(batch.groups)
     per_minibatch = len(groups) // minibatches
-    if not history:  # the weights are still the behaviour policy's: compare before the first step
-        parity = logprob_parity(model, batch, batch.rows_of(groups[hooks.rank::hooks.world_size]), params, hooks)
     for epoch in range(len(history), update_epochs):
         order = groups[torch.randperm(len(groups), generator=torch_generator(generator_seed, epoch))]
         totals = torch.zeros(4, dtype=torch.float64)
         for m in range(minibatches):
             chosen = order[m * per_minibatch:(m + 1) * per_minibatch]
             global_rows = batch.rows_of(chosen)
-            global_tokens = float(batch.loss_mask[global_rows].sum())
+            kept = start.kept[global_rows]
+            global_tokens = float((batch.loss_mask[global_rows] * kept[:, None]).sum())
             rows = batch.rows_of(chosen[hooks.rank::hooks.world_size])
-            tokens, mask, behaviour = batch.trimmed(rows)
-            weights = loss_weights(mask, len(global_rows), global_tokens, token_level, hooks.world_size)
+            tokens, mask, _ = batch.trimmed(rows)
+            width = tokens.shape[1] - 1
+            mask = mask * start.kept[rows, None]  # a dropped (too stale) row weighs nothing
+            weights = loss_weights(mask, max(int(kept.sum()), 1), global_tokens, token_level, hooks.world_size)
+            weights = weights * start.importance[rows, :width]
+            old = start.old_logprobs[rows, :width]
             logprobs = token_logprobs(model, tokens, params)
             ref_logprobs = None
             if beta != 0 and reference is not None:
                 with torch.no_grad():
                     ref_logprobs = token_logprobs(reference, tokens, params)
-            loss, kl, clip_fraction = _grpo_loss(logprobs, behaviour, ref_logprobs, batch.advantages[rows], weights,
+            loss, kl, clip_fraction = _grpo_loss(logprobs, old, ref_logprobs, batch.advantages[rows], weights,
                                                  clip_eps, beta)
             if not torch.isfinite(loss):
                 raise FloatingPointError(
@@ -178,7 +236,7 @@ def grpo_update(
         metrics = dict(zip(("loss", "kl", "clip_fraction", "grad_norm"), map(float, means)))
         metrics.update(epoch=float(epoch), minibatch_steps=float(minibatches))
         if epoch == 0:
-            metrics.update(parity)
+            metrics.update(start.metrics)
         history.append(metrics)
         if hooks.on_epoch_end is not None:
             hooks.on_epoch_end(history, epoch + 1 == update_epochs)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from rl_core.algos.base import Algorithm, Calls, Spaces, Tensors, UpdateHooks, register_algorithm
-from rl_core.algos.grpo import ScoredTokens, group_advantages, grpo_update
+from rl_core.algos.grpo import ScoredTokens, UpdateStart, group_advantages, grpo_update
 from rl_core.algos.lm_policy import LMPolicy, hf_state, model_spec, tokenizer_of
 from rl_core.algos.optimizer_state import load_optimizer_arrays, optimizer_arrays
 from rl_core.algos.sft import demonstration_segment, supervised_warm_start
@@ -81,13 +81,16 @@ class GRPOLearner:
     def update(self, batch: Tensors, iteration: int, hooks: UpdateHooks = UpdateHooks()) -> dict[str, float]:
         """GRPO epochs on the iteration's scored token batch."""
         scored = ScoredTokens.from_arrays(batch)
+        # From the weights the update starts from (version `iteration`), before a resume restores a later state.
+        start = UpdateStart.prepare(self.policy.model, scored, sampling_params(self.run), iteration,
+                                    self.cfg.max_staleness, self.cfg.tis_cap, hooks)
         done = hooks.resume()
         history = grpo_update(
             self.policy.model, self.optimizer, scored, params=sampling_params(self.run),
             minibatches=self.cfg.minibatches, update_epochs=self.cfg.update_epochs, clip_eps=self.cfg.clip_eps,
             beta=self.cfg.beta, token_level=self.cfg.token_level, max_grad_norm=self.cfg.max_grad_norm,
-            generator_seed=derive_seed(self.run.seed, iteration, UPDATE_STREAM), reference=self.reference,
-            hooks=hooks, done=done)
+            generator_seed=derive_seed(self.run.seed, iteration, UPDATE_STREAM), start=start,
+            reference=self.reference, hooks=hooks, done=done)
         metrics = {k: float(np.mean([h[k] for h in history if k in h])) for k in history[0]}
         metrics.update(epochs=float(len(history)), epochs_resumed=float(len(done)))
         return metrics
@@ -116,7 +119,8 @@ def score(cfg: "AgentRunConfig", parts: list[Tensors], metas: list[dict[str, Any
     advantages = group_advantages(batch.rewards, batch.episode_group, cfg.algorithm.scale_std)
     return {"tokens": batch.tokens, "loss_mask": batch.loss_mask, "behaviour_logprobs": batch.behaviour_logprobs,
             "lengths": batch.lengths, "advantages": advantages[batch.row_episode],
-            "groups": batch.episode_group[batch.row_episode], "rewards": batch.rewards}
+            "groups": batch.episode_group[batch.row_episode], "versions": batch.versions[batch.row_episode],
+            "rewards": batch.rewards}
 
 
 def hot_ops(cfg: "AgentRunConfig", spaces: Spaces | None, num_ranks: int, trainer_threads: int | None,
@@ -152,7 +156,8 @@ def counters(cfg: "AgentRunConfig", experience: list[str], parent_meta: dict[str
     return {"tokens_generated": before["tokens_generated"] + tokens, "episodes": before["episodes"] + episodes,
             "train_problems_used": before["train_problems_used"] + problems,
             "trajectories": [uri.removeprefix(root) for uri in experience],
-            "generated_by_versions": sorted(generated_by), "rng": RNG_SCHEME}
+            "generated_by_versions": sorted(generated_by), "rng": RNG_SCHEME, "generator": cfg.generator,
+            "bit_reproducible": cfg.generator == "torch"}
 
 
 register_algorithm(Algorithm(

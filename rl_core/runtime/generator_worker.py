@@ -17,10 +17,10 @@ import torch
 
 from rl_core.agent_config import AgentRunConfig, parse_run_config
 from rl_core.algos.base import policy_sha256
-from rl_core.algos.lm_policy import LMPolicy, build_language_model, hf_state
+from rl_core.algos.lm_policy import build_language_model, hf_state
 from rl_core.checkpoint import CheckpointStore
 from rl_core.data import RunLayout
-from rl_core.generation import Generation, GenerationRequest
+from rl_core.generation import Generation, GenerationRequest, Generator
 from rl_core.generation.torch_generator import TorchGenerator
 from rl_core.runtime.faults import maybe_fail
 from rl_core.runtime.local_ray import actor_options, ensure_ray, wait_until_names_free
@@ -34,6 +34,10 @@ class GeneratorDied(RuntimeError):
     """The generator actor died mid-call; the next sync starts a replacement from the store."""
 
 
+class WeightSyncTimeout(RuntimeError):
+    """The generator did not load a version's weights in time; it is replaced on the next use."""
+
+
 class GeneratorWorker:
     """A TorchGenerator on the run's model, fed committed versions from the run's checkpoint store."""
 
@@ -41,7 +45,12 @@ class GeneratorWorker:
         torch.set_num_threads(GENERATOR_THREADS)
         self.cfg = parse_run_config(config_json)
         model, _ = build_language_model(self.cfg)
-        self.backend = TorchGenerator(model, version=NO_VERSION)
+        if self.cfg.generator == "vllm":
+            from rl_core.generation.vllm_generator import VLLMGenerator
+
+            self.backend: Generator = VLLMGenerator.from_model(model, version=NO_VERSION)
+        else:
+            self.backend = TorchGenerator(model, version=NO_VERSION)
         self.store = CheckpointStore(RunLayout(self.cfg.run_url).checkpoints, full_every=self.cfg.storage.full_every)
         self._calls = 0  # generate calls since the last change of version (for fault drills)
         self._sha256 = ""
@@ -54,9 +63,11 @@ class GeneratorWorker:
         """Hold `version`'s policy weights (loaded from the store unless already held); returns their sha256
         (`policy_sha256` of the version's `model.` tensors)."""
         if self.backend.version != version:
-            self.backend.update_weights(hf_state(self.store.load(version).tensors), version)
+            maybe_fail("generator.sync", version=version)
+            weights = hf_state(self.store.load(version).tensors)
+            self.backend.update_weights(weights, version)
             self._calls = 0
-            self._sha256 = policy_sha256(LMPolicy(self.backend.model, None).state())
+            self._sha256 = policy_sha256({f"model.{k}": v for k, v in weights.items()})
         return self._sha256
 
     def generate(self, requests: Sequence[GenerationRequest], version: int) -> list[Generation]:
@@ -82,7 +93,8 @@ class GeneratorClient:
         with self._lock:
             if self._actor is None:
                 ensure_ray(self.cfg.actor_cpus)
-                remote = ray.remote(num_cpus=1)(GeneratorWorker).options(
+                gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0  # a GPU, where the cluster has one
+                remote = ray.remote(num_cpus=1, num_gpus=gpus)(GeneratorWorker).options(
                     name=self.name, get_if_exists=True, max_concurrency=1, **actor_options())
                 self._actor = remote.remote(self.cfg.model_dump_json())
             return self._actor
@@ -92,16 +104,23 @@ class GeneratorClient:
         self._handle()
 
     def sync(self, version: int) -> str:
-        """Make the actor hold `version`; the sha256 of its weights."""
-        return self._call(lambda actor: actor.sync.remote(version))
+        """Make the actor hold `version` within `weight_sync_timeout_s`; the sha256 of its weights."""
+        timeout = self.cfg.weight_sync_timeout_s
+        try:
+            return self._call(lambda actor: actor.sync.remote(version), timeout)
+        except ray.exceptions.GetTimeoutError:
+            self._discard(self._handle())
+            raise WeightSyncTimeout(f"the generator of run {self.cfg.run_name} did not load policy version {version} "
+                                    f"within {timeout:g} s (weight_sync_timeout_s); it was stopped, and a retry "
+                                    "starts a fresh one") from None
 
     def generate(self, requests: Sequence[GenerationRequest], version: int) -> list[Generation]:
         return self._call(lambda actor: actor.generate.remote(list(requests), version))
 
-    def _call(self, submit):
+    def _call(self, submit, timeout: float | None = None):
         actor = self._handle()
         try:
-            return ray.get(submit(actor))
+            return ray.get(submit(actor), timeout=timeout)
         except ray.exceptions.RayActorError as err:
             self._discard(actor)
             raise GeneratorDied(f"the generator of run {self.cfg.run_name} died: {err}; a retry starts a "

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from rl_core.agent_config import AgentRunConfig
 from rl_core.algos.agent_phases import (
+    behaviour_version,
     check_prompts_fit,
     evaluate_heldout,
     iteration_problems,
@@ -40,7 +41,11 @@ def _written(uri: str, iteration: int, version: int) -> TrajectoryBatch | None:
 
 
 def rollout_iteration(cfg: AgentRunConfig, actors: "AgentActors", iteration: int, version: int) -> dict:
-    """Every prompt group of `iteration`, sampled from `version`, written chunk by chunk; URIs and metrics."""
+    """Every prompt group of `iteration`, sampled from `version` (`behaviour_version`), written chunk by chunk; URIs
+    and metrics."""
+    if version != behaviour_version(cfg, iteration):
+        raise ValueError(f"iteration {iteration} samples from policy version {behaviour_version(cfg, iteration)} "
+                         f"(max_staleness {cfg.algorithm.max_staleness}), not {version}")
     started = time.perf_counter()
     layout = RunLayout(cfg.run_url)
     tokenizer, context = tokenizer_of(cfg), model_spec(cfg).max_position_embeddings

@@ -158,3 +158,63 @@ def _prompt(chunk, episode: int) -> str:
     from rl_core.envs.agent import make_agent_env
 
     return make_agent_env("Arithmetic-v0").reset(int(chunk["problem_seeds"][episode]))
+
+
+def test_the_vllm_generator_serves_the_flow(tmp_path) -> None:
+    """`--generator vllm` (run by `make vllm-cpu`, skipped where vLLM does not import): two iterations served by
+    vLLM's engine in the generator actor, weights reloaded in place each version, the run marked not bit-exact."""
+    from rl_core.generation.vllm_generator import vllm_available
+
+    reason = vllm_available()
+    if reason:
+        pytest.skip(reason)
+    summary = _run(f"file://{tmp_path}/runs", "vllm", generator="vllm", num_attention_heads=1)  # 32-wide heads
+    store = CheckpointStore(f"{summary['run_dir']}/checkpoints")
+    assert store.versions() == [0, 1, 2]
+    meta = store.manifest(2)["meta"]
+    assert meta["generator"] == "vllm" and meta["bit_reproducible"] is False
+    assert summary["logprob_parity_max"] < 1e-4, summary["logprob_parity_max"]
+
+
+@pytest.fixture(scope="module")
+def asynchronous(tmp_path_factory) -> dict:
+    """An uninterrupted run with max_staleness 1 (three iterations: two of them sample one version behind)."""
+    root = tmp_path_factory.mktemp("agent-async")
+    return {**_run(f"file://{root}", "async", max_staleness=1, iterations=3), "root": root}
+
+
+def test_asynchronous_rollouts_sample_one_version_behind_and_repeat_exactly(tmp_path, asynchronous) -> None:
+    run = asynchronous["root"] / "async"
+    for iteration, behaviour in ((0, 0), (1, 0), (2, 1)):
+        chunk, header = read_tensors(f"file://{run}/trajectories/{iteration:06d}/chunk-000.safetensors")
+        assert header["version"] == behaviour and set(chunk["versions"].tolist()) == {behaviour}
+    again = _run(f"file://{tmp_path}/runs", "async-again", max_staleness=1, iterations=3)
+    assert again["policy_sha256"] == asynchronous["policy_sha256"]
+
+
+def test_an_asynchronous_run_that_failed_resumes_to_the_same_weights(tmp_path, monkeypatch, asynchronous) -> None:
+    """A fault outlasting the retries fails iteration 1's update (while iteration 2's rollout ran beside it); the
+    same command resumes from version 1 and ends bit-identical to the uninterrupted asynchronous run."""
+    store = f"file://{tmp_path}/runs"
+    # the last epoch: no progress save follows it, so every retry meets the fault again
+    inject_faults(monkeypatch, tmp_path, "train.epoch_end:iteration=1,rank=0,epoch=1,count=3")
+    with pytest.raises(Exception, match="injected fault|trainer rank"):
+        _run(store, "async-resumed", max_staleness=1, iterations=3)
+    assert CheckpointStore(f"{tmp_path}/runs/async-resumed/checkpoints").versions() == [0, 1]
+    resumed = _run(store, "async-resumed", max_staleness=1, iterations=3)
+    assert resumed["policy_sha256"] == asynchronous["policy_sha256"]
+
+
+def test_a_weight_sync_that_times_out_fails_the_step_clearly_and_the_retry_recovers(tmp_path, monkeypatch,
+                                                                                    reference) -> None:
+    """The generator hangs while loading version 1: the rollout fails after weight_sync_timeout_s naming the version,
+    the stuck actor is stopped, the retry's fresh generator loads it, and the run ends as the reference did."""
+    inject_faults(monkeypatch, tmp_path, "generator.sync:version=1,action=stall")
+    from flows.train_agent import train_agent
+
+    state = train_agent(preset="tiny", store=f"file://{tmp_path}/runs", run_name="slow-sync", seed=SEED,
+                        weight_sync_timeout_s=5, return_state=True)
+    assert state.result()["policy_sha256"] == reference["policy_sha256"]
+    retried = [t for t in task_runs(state.state_details.flow_run_id) if t.name.startswith("rollout")
+               and t.run_count > 1]
+    assert len(retried) == 1
