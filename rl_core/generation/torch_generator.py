@@ -3,7 +3,8 @@ device).
 
 Up to `max_batch` sequences decode together in the slots of a static KV cache (`SlotCache`), each at its own
 length. Requests are admitted in order: the requests of one prompt that enter together (GRPO's G samples) share one
-prefill, copied into their slots; a sequence that finishes frees its slot, which the next waiting request takes at
+prefill, copied into their slots, and the distinct prompts of one length entering together prefill as one batch; a
+sequence that finishes frees its slot, which the next waiting request takes at
 the following step, so no row decodes padding while requests wait. Every step samples the whole batch at once.
 
 A request's random stream is a pure function of its seed counters: at admission it draws its `max_tokens`
@@ -110,22 +111,25 @@ class _ContinuousBatch:
         self.stops = [torch.tensor(seq) for seq in stops]
         self.stop_member = torch.zeros(slots, len(stops), dtype=torch.bool)  # slot's request stops on stop j
         self.stop_index = {seq: j for j, seq in enumerate(stops)}
+        # The sampled distributions in this call (usually one): each slot's index into them.
+        self.distributions = sorted({(r.params.temperature, r.params.top_p, r.params.top_k) for r in requests})
+        self.distribution = torch.zeros(slots, dtype=torch.long)
+        self.live = torch.zeros(slots, dtype=torch.bool)
         self.results: list[Generation | None] = [None] * len(requests)
 
     @torch.inference_mode()
     def run(self, version: int) -> list[Generation]:
         while True:
             self._admit()
-            live = [s for s, owner in enumerate(self.owner) if owner >= 0]
-            if not live:
+            if not self.live.any():
                 return self.results  # type: ignore[return-value]
-            width = live[-1] + 1  # slots 0 .. width - 1 take part in this step
+            width = int(torch.nonzero(self.live).max()) + 1  # slots 0 .. width - 1 take part in this step
             chosen = self._sample(width)
             self._finish(width, version)
-            if all(owner < 0 for owner in self.owner) and not self.waiting:
+            if not self.live.any() and not self.waiting:
                 return self.results  # type: ignore[return-value]
             width, chosen = self._compact(width, chosen)
-            free = torch.tensor([owner < 0 for owner in self.owner[:width]])
+            free = ~self.live[:width]
             self.cache.lengths[:width][free] = 0  # a free slot decodes a throw-away token from position 0
             self.next_logits[:width] = self.model.decode(chosen[:width].masked_fill(free, 0), self.cache)
 
@@ -139,6 +143,9 @@ class _ContinuousBatch:
             index = self.waiting.popleft()
             request = self.requests[index]
             self.owner[slot] = index
+            self.live[slot] = True
+            p = request.params
+            self.distribution[slot] = self.distributions.index((p.temperature, p.top_p, p.top_k))
             taken.setdefault(request.prompt, []).append(slot)
             self.uniforms[slot, :request.params.max_tokens] = torch.rand(
                 request.params.max_tokens, generator=torch_generator(*request.seed_counters), dtype=torch.float64)
@@ -148,21 +155,24 @@ class _ContinuousBatch:
             for seq in request.params.stop:
                 self.stop_member[slot, self.stop_index[seq]] = True
         device = self.next_logits.device
-        for prompt, slots in taken.items():
-            logits, prefix = self.model(torch.tensor([prompt], device=device))
-            self.cache.fill(slots, prefix)
-            self.next_logits[slots] = logits[0, -1]
+        by_length: dict[int, list[tuple[int, ...]]] = {}
+        for prompt in taken:
+            by_length.setdefault(len(prompt), []).append(prompt)
+        for prompts in by_length.values():  # prompts of one length prefill together, one row each
+            logits, prefix = self.model(torch.tensor(prompts, device=device))
+            for row, prompt in enumerate(prompts):
+                self.cache.fill(taken[prompt], prefix, row)
+                self.next_logits[taken[prompt]] = logits[row, -1]
 
     def _sample(self, width: int) -> torch.Tensor:
         """Draw each live slot's next token from its sampled distribution; record token and log-prob."""
         chosen = torch.zeros(width, dtype=torch.long)
-        groups: dict[tuple, list[int]] = {}
-        for slot in range(width):
-            if self.owner[slot] >= 0:
-                p = self.requests[self.owner[slot]].params
-                groups.setdefault((p.temperature, p.top_p, p.top_k), []).append(slot)
-        for (temperature, top_p, top_k), slots in groups.items():
-            rows = torch.tensor(slots)
+        live = self.live[:width]
+        for d, (temperature, top_p, top_k) in enumerate(self.distributions):
+            rows = torch.nonzero(live & (self.distribution[:width] == d) if len(self.distributions) > 1 else live)
+            rows = rows.flatten()
+            if not len(rows):
+                continue
             params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
             logprobs = sampling_logprobs(self.next_logits[rows], params).cpu()
             step = self.generated[rows]
@@ -175,7 +185,7 @@ class _ContinuousBatch:
 
     def _finish(self, width: int, version: int) -> None:
         """Hand back the sequences that hit a stop sequence or their max_tokens; their slots become free."""
-        live = torch.tensor([owner >= 0 for owner in self.owner[:width]])
+        live = self.live[:width]
         count = self.generated[:width]
         stopped = torch.zeros(width, dtype=torch.bool)
         for j, seq in enumerate(self.stops):
@@ -190,6 +200,7 @@ class _ContinuousBatch:
                 request.prompt, tuple(self.tokens[slot, :n].tolist()), tuple(self.logprobs[slot, :n].tolist()),
                 "stop" if bool(stopped[slot]) else "length", version)
             self.owner[slot] = -1
+            self.live[slot] = False
 
     def _compact(self, width: int, chosen: torch.Tensor) -> tuple[int, torch.Tensor]:
         """Once no request waits, move the live sequences to the first slots when fewer than half the width is live,
@@ -203,8 +214,9 @@ class _ContinuousBatch:
             source, dest = [s for s, _ in moving], [t for _, t in moving]
             self.cache.move(source, dest)
             for buffer in (self.uniforms, self.tokens, self.logprobs, self.generated, self.limit, self.next_logits,
-                           self.stop_member, chosen):
+                           self.stop_member, self.distribution, self.live, chosen):
                 buffer[dest] = buffer[source]
+            self.live[len(live):width] = False
             for s, t in moving:
                 self.owner[t], self.owner[s] = self.owner[s], -1
         return len(live), chosen

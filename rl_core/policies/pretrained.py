@@ -47,12 +47,19 @@ def save_pretrained(model: LlamaLM, tokenizer: CharTokenizer, directory: str | P
     if tokenizer.vocab_size != model.spec.vocab_size:
         raise ValueError(f"save_pretrained: the tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size "
                          f"is {model.spec.vocab_size}; build the LlamaSpec with vocab_size=tokenizer.vocab_size")
+    directory = save_weights(model, directory)
+    tokenizer.save(directory / char_tokenizer.FILE_NAME)
+    return directory
+
+
+def save_weights(model: LlamaLM, directory: str | Path) -> Path:
+    """Write `model`'s config.json and model.safetensors (no tokenizer) to `directory`: what transformers and vLLM
+    need to load the weights; returns the directory."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.hf_state_dict().items()}
     save_file(state, directory / WEIGHTS_FILE, metadata={"format": "pt"})
     (directory / CONFIG_FILE).write_text(json.dumps(hf_config(model.spec), indent=2, sort_keys=True) + "\n")
-    tokenizer.save(directory / char_tokenizer.FILE_NAME)
     return directory
 
 

@@ -112,3 +112,15 @@ def test_inverse_cdf_never_draws_a_token_outside_the_sampled_set() -> None:
         assert tokens[0] == 0 and tokens[1] in (1, 2)
     assert inverse_cdf_sample(logprobs[1:], torch.tensor([0.49], dtype=torch.float64)).item() == 1
     assert inverse_cdf_sample(logprobs[1:], torch.tensor([0.51], dtype=torch.float64)).item() == 2
+
+
+@pytest.mark.parametrize("vocab,scale", [(30, 5.0), (1000, 15.0), (49152, 1.5)])
+def test_the_nucleus_of_the_most_likely_tokens_is_the_full_sorts(vocab: int, scale: float) -> None:
+    """Sorting only the most likely tokens (as many as reach top_p) keeps exactly the tokens a full sort keeps."""
+    from rl_core.generation.sampling import outside_nucleus
+
+    probs = (torch.randn(8, vocab, generator=torch.Generator().manual_seed(vocab)) * scale).softmax(-1)
+    for top_p in (0.1, 0.5, 0.9, 0.999):
+        ordered, order = probs.sort(dim=-1, descending=True, stable=True)
+        removed = (ordered.cumsum(-1) - ordered) >= top_p
+        assert torch.equal(outside_nucleus(probs, top_p), torch.empty_like(removed).scatter_(-1, order, removed))
