@@ -133,10 +133,22 @@ def main() -> None:
     parser.add_argument("--batches", default="16,64")
     parser.add_argument("--agent-iterations", type=int, default=40)
     parser.add_argument("--skip-agent", action="store_true", help="only the generation figures")
+    parser.add_argument("--skip-generation", action="store_true", help="only the asynchronous GRPO figures")
     parser.add_argument("--rounds", type=int, default=3,
                         help="interleaved rounds per system and batch; each system's best round is its rate (one "
                         "timing on this VM moves by +-20%%)")
     args = parser.parse_args()
+    out: dict = {"model": args.model, "rounds": args.rounds}
+    if not args.skip_generation:
+        generation(args, out)
+    if not args.skip_agent:
+        asynchronous(args, out)
+    print(json.dumps({"torch_vs_hf_b16": None, "torch_vs_hf_b64": None, "vllm_vs_torch_b64": None,
+                      "async_over_sync": None, "parity_torch_max": None, "accuracy_gain_points": None, **out}))
+
+
+def generation(args: argparse.Namespace, out: dict) -> None:
+    """Tokens/s of every backend against transformers at each batch size, and each backend's parity."""
     model, directory = load_model(args.model)
     print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, torch threads "
           f"{torch.get_num_threads()}", flush=True)
@@ -150,7 +162,7 @@ def main() -> None:
     vllm_gen = None if why_not_vllm else VLLMGenerator(directory)
     if vllm_gen is not None:
         systems["vllm"] = lambda p: ours(vllm_gen, p)
-    out: dict = {"model": args.model, "vllm": why_not_vllm or "ran", "rounds": args.rounds}
+    out["vllm"] = why_not_vllm or "ran"
     parities: dict[str, float] = {}
     for batch in (int(b) for b in args.batches.split(",")):
         batch_prompts = prompts(batch, model.spec.vocab_size)
@@ -175,26 +187,25 @@ def main() -> None:
             out[f"vllm_vs_torch_b{batch}"] = round(rates["vllm"] / torch_rate, 2)
             line += f"; vLLM {rates['vllm']:,.0f} ({rates['vllm'] / torch_rate:.2f}x torch)"
         print(line, flush=True)
-    out.setdefault("vllm_vs_torch_b64", None)
     out["parity_torch_max"] = parities["torch"]
     out["parity_vllm_max"] = parities.get("vllm")
     print(f"log-prob parity (max): {parities}" + ("" if vllm_gen else f"; vLLM not run: {why_not_vllm}"))
-    if not args.skip_agent:
-        runs = agent_runs(args.agent_iterations)
-        per_iteration = {s: (r["loop_s"] - r["first_iteration_s"]) / max(args.agent_iterations - 1, 1)
-                         for s, r in runs.items()}
-        out["sync_iteration_s"], out["async_iteration_s"] = round(per_iteration[0], 3), round(per_iteration[1], 3)
-        out["async_over_sync"] = round(per_iteration[1] / per_iteration[0], 3)
-        out["accuracy_sync"], out["accuracy_async"] = runs[0]["accuracy_final"], runs[1]["accuracy_final"]
-        out["accuracy_gain_points"] = round(100 * (runs[0]["accuracy_final"] - runs[0]["accuracy_sft"]), 1)
-        print(f"asynchronous / synchronous iteration time: {out['async_over_sync']:.2f} "
-              f"({per_iteration[1]:.2f} / {per_iteration[0]:.2f} s); held-out accuracy after the same samples "
-              f"{runs[1]['accuracy_final']:.3f} vs {runs[0]['accuracy_final']:.3f}")
-    else:
-        out.update(async_over_sync=None, accuracy_gain_points=None)
     if vllm_gen is not None:
         vllm_gen.close()
-    print(json.dumps(out))
+
+
+def asynchronous(args: argparse.Namespace, out: dict) -> None:
+    """Asynchronous over synchronous GRPO iteration time, their accuracy, and the synchronous run's gain."""
+    runs = agent_runs(args.agent_iterations)
+    per_iteration = {s: (r["loop_s"] - r["first_iteration_s"]) / max(args.agent_iterations - 1, 1)
+                     for s, r in runs.items()}
+    out["sync_iteration_s"], out["async_iteration_s"] = round(per_iteration[0], 3), round(per_iteration[1], 3)
+    out["async_over_sync"] = round(per_iteration[1] / per_iteration[0], 3)
+    out["accuracy_sync"], out["accuracy_async"] = runs[0]["accuracy_final"], runs[1]["accuracy_final"]
+    out["accuracy_gain_points"] = round(100 * (runs[0]["accuracy_final"] - runs[0]["accuracy_sft"]), 1)
+    print(f"asynchronous / synchronous iteration time: {out['async_over_sync']:.2f} "
+          f"({per_iteration[1]:.2f} / {per_iteration[0]:.2f} s); held-out accuracy after the same samples "
+          f"{runs[1]['accuracy_final']:.3f} vs {runs[0]['accuracy_final']:.3f}")
 
 
 if __name__ == "__main__":

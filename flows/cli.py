@@ -22,8 +22,8 @@ from rl_core.launch_options import LaunchOption, agent_launch_options, launch_op
 SUMMARY_KEYS = ("final_return", "random_return", "env_steps", "wall_s", "loop_s", "first_iteration_s", "command_s",
                 "run_dir", "policy_sha256", "iterations")
 AGENT_SUMMARY_KEYS = ("accuracy_sft", "accuracy_final", "mean_reward_sft", "mean_reward_final", "tokens_generated",
-                      "logprob_parity_max", "wall_s", "loop_s", "command_s", "run_dir", "policy_sha256", "iterations",
-                      "env")
+                      "logprob_parity_max", "wall_s", "loop_s", "first_iteration_s", "command_s", "run_dir",
+                      "policy_sha256", "iterations", "env")
 
 
 def _train_parser(sub: argparse._SubParsersAction, command: str, text: str,
