@@ -47,3 +47,25 @@ class RunLayout:
     def train_progress(self, iteration: int) -> str:
         """Epoch checkpoints of iteration's update: removed with the iteration's step outputs once committed."""
         return f"{self.iteration(iteration)}/train-progress"
+
+    def metrics(self, iteration: int) -> str:
+        """One JSON record per iteration (the flow's metrics), kept for the run's learning curve and reports."""
+        return f"{self.run_url}/metrics/{iteration:06d}.json"
+
+    @property
+    def metrics_dir(self) -> str:
+        return f"{self.run_url}/metrics"
+
+    @property
+    def learning_curve(self) -> str:
+        """The run's learning curve (PNG), re-drawn at the end of every flow run."""
+        return f"{self.run_url}/reports/learning-curve.png"
+
+    @property
+    def tensorboard(self) -> str:
+        """TensorBoard event files of the run's scalars (`tensorboard --logdir runs/`)."""
+        return f"{self.run_url}/tensorboard"
+
+    def video(self, version: int, suffix: str) -> str:
+        """Episodes of `version` rendered offscreen (`gymflow evaluate RUN --video`)."""
+        return f"{self.run_url}/videos/v{version:08d}.{suffix}"
