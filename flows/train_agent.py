@@ -31,12 +31,13 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import progress
 from flows.parameters import with_launch_options
+from flows.run_report import RunReport, numbers
 from flows.run_start import start_run
 from flows.store_credentials import CREDENTIALS_BLOCK
 from rl_core.agent_presets import build_agent_config
 from rl_core.algos.agent_phases import behaviour_version
 from rl_core.data.storage_report import storage_report
-from rl_core.iteration_clock import IterationClock
+from rl_core.iteration_clock import IterationClock, StepWaits
 from rl_core.launch_options import agent_launch_options
 from rl_core.runtime.agent_actors import AgentActors
 from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init
@@ -60,6 +61,8 @@ def train_agent(**options: Any) -> dict:
     run = start_run(cfg, credentials)
     actors = AgentActors(cfg)
     parity: list[float] = []
+    report: RunReport | None = None
+    warm = final = None
     try:
         tuning = kernel_autotune(cfg)
         actors.start()
@@ -67,20 +70,26 @@ def train_agent(**options: Any) -> dict:
         warm = evaluate(cfg, actors, run.incarnation, 0)
         logger.info("warm start (v0): held-out accuracy %.3f, mean reward %.3f", warm["accuracy"], warm["mean_reward"])
         progress.start(version, cfg.iterations)
+        report = RunReport(cfg, "agent", done=version)
         clock = IterationClock()
         rolling = None  # with max_staleness >= 1: the next iteration's rollout, running while this one trains
         for iteration in range(version, cfg.iterations):
-            rolled = rolling.result() if rolling else rollout(cfg, actors, run.incarnation, iteration,
-                                                              behaviour_version(cfg, iteration))
-            scored = score(cfg, run.incarnation, iteration, version, rolled["trajectories"])
+            waits = StepWaits()
+            with waits("rollout"):
+                rolled = rolling.result() if rolling else rollout(cfg, actors, run.incarnation, iteration,
+                                                                  behaviour_version(cfg, iteration))
+            with waits("score"):
+                scored = score(cfg, run.incarnation, iteration, version, rolled["trajectories"])
             shards = [train_shard.submit(cfg, actors, run.incarnation, iteration, version, k, scored["scored"])
                       for k in range(cfg.num_ranks)]
             ahead = cfg.algorithm.max_staleness and iteration + 1 < cfg.iterations
             rolling = rollout.submit(cfg, actors, run.incarnation, iteration + 1,
                                      behaviour_version(cfg, iteration + 1)) if ahead else None
-            trained = [s.result() for s in shards]
-            committed = checkpoint_diff(cfg, run.incarnation, iteration, version, trained[0]["staged"],
-                                        rolled["trajectories"])
+            with waits("train"):
+                trained = [s.result() for s in shards]
+            with waits("checkpoint"):
+                committed = checkpoint_diff(cfg, run.incarnation, iteration, version, trained[0]["staged"],
+                                            rolled["trajectories"])
             version = committed["version"]
             metrics = trained[0]
             parity.append(metrics.get("logprob_parity_max", math.nan))  # absent when no sample is fresh
@@ -90,10 +99,18 @@ def train_agent(**options: Any) -> dict:
                         version, rolled["accuracy"], rolled["mean_reward"], rolled["tokens"], parity[-1],
                         metrics.get("logprob_parity_mean", math.nan), metrics["staleness_mean"],
                         metrics["dropped_rows"], metrics["kl"], committed["encoded_bytes"])
-            clock.lap()
+            seconds = clock.lap()
+            report.iteration({**numbers(metrics), **waits.seconds, "iteration": iteration + 1, "version": version,
+                              **numbers(rolled, "tokens", "accuracy", "mean_reward"),
+                              "tokens_total": committed["tokens_generated"], "tokens_per_s": rolled["tokens"] / seconds,
+                              "checkpoint_bytes": committed["encoded_bytes"], "iteration_s": seconds})
         final = evaluate(cfg, actors, run.incarnation, version)
     finally:
         actors.release()
+        if report is not None:
+            report.publish(final and {"accuracy_sft": warm["accuracy"], "accuracy_final": final["accuracy"],
+                                      "mean_reward_sft": warm["mean_reward"], "mean_reward_final": final["mean_reward"],
+                                      "version": version})
     storage = storage_report(cfg)
     return {
         "accuracy_sft": warm["accuracy"],

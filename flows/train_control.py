@@ -26,10 +26,11 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import progress
 from flows.parameters import with_launch_options
+from flows.run_report import RunReport, numbers
 from flows.run_start import start_run
 from flows.store_credentials import CREDENTIALS_BLOCK
 from rl_core.data.storage_report import storage_report
-from rl_core.iteration_clock import IterationClock
+from rl_core.iteration_clock import IterationClock, StepWaits
 from rl_core.run_presets import build_config
 from rl_core.runtime.actors import RunActors
 from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init
@@ -38,6 +39,8 @@ from tasks.kernel_autotune import kernel_autotune
 from tasks.score import score
 from tasks.simulate import simulate
 from tasks.train_shard import train_shard
+
+HEADLINE = ("final_return", "final_return_std", "random_return", "episodes", "version", "env_steps")
 
 
 @flow(name="train-control", task_runner=ThreadPoolTaskRunner(max_workers=16))
@@ -53,25 +56,34 @@ def train_control(**options: Any) -> dict:
     logger = get_run_logger()
     run = start_run(cfg, credentials)
     actors = RunActors(cfg)
+    report: RunReport | None = None
+    result = None
     try:
         # After tuning: actors booting during a first (uncached) tuning would disturb its timings.
         tuning = kernel_autotune(cfg)
         actors.start()  # they boot while checkpoint_init waits for the trainer group
         version = checkpoint_init(cfg, actors, run.incarnation)["version"]
         progress.start(version, cfg.iterations)
+        report = RunReport(cfg, "control", done=version)
         recent_returns: list[float] = []
         clock = IterationClock()
         collecting = None  # with overlap: the next iteration's simulate, running while this one trains
         for iteration in range(version, cfg.iterations):
-            sim = collecting.result() if collecting else simulate(cfg, actors, run.incarnation, iteration, version)
-            scored = score(cfg, run.incarnation, iteration, version, sim["experience"])
+            waits = StepWaits()
+            with waits("simulate"):
+                sim = collecting.result() if collecting else simulate(cfg, actors, run.incarnation, iteration,
+                                                                      version)
+            with waits("score"):
+                scored = score(cfg, run.incarnation, iteration, version, sim["experience"])
             shards = [train_shard.submit(cfg, actors, run.incarnation, iteration, version, k, scored["scored"])
                       for k in range(cfg.num_ranks)]
             collecting = (simulate.submit(cfg, actors, run.incarnation, iteration + 1, version + 1)
                           if cfg.overlap and iteration + 1 < cfg.iterations else None)
-            trained = [s.result() for s in shards]
-            committed = checkpoint_diff(cfg, run.incarnation, iteration, version, trained[0]["staged"],
-                                        sim["experience"])
+            with waits("train"):
+                trained = [s.result() for s in shards]
+            with waits("checkpoint"):
+                committed = checkpoint_diff(cfg, run.incarnation, iteration, version, trained[0]["staged"],
+                                            sim["experience"])
             version = committed["version"]
             recent_returns = (recent_returns + sim["finished_returns"])[-cfg.env.num_envs:]
             mean_return = sum(recent_returns) / len(recent_returns) if recent_returns else math.nan
@@ -79,10 +91,16 @@ def train_control(**options: Any) -> dict:
             logger.info("iteration %d: version %d, %d env steps, mean return %.1f, kl %.4f, %d bytes stored",
                         iteration + 1, version, sim["env_steps"], mean_return, trained[0]["approx_kl"],
                         committed["encoded_bytes"])
-            clock.lap()
+            seconds = clock.lap()
+            report.iteration({**numbers(trained[0]), **waits.seconds, "iteration": iteration + 1, "version": version,
+                              "env_steps": sim["env_steps"], "env_steps_total": committed["env_steps"],
+                              "mean_return": mean_return, "steps_per_s": sim["env_steps"] / seconds,
+                              "checkpoint_bytes": committed["encoded_bytes"], "iteration_s": seconds})
         result = evaluate(cfg, actors, run.incarnation, version)
     finally:
         actors.release()
+        if report is not None:
+            report.publish(result and {k: result[k] for k in HEADLINE if k in result})
     storage = storage_report(cfg)
     return {
         **result,

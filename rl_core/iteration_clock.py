@@ -5,7 +5,9 @@ The first iteration pays one-off costs: the actors' first collection and update,
 """
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 
 class IterationClock:
@@ -16,7 +18,24 @@ class IterationClock:
         self.first_s = 0.0  # the first iteration
         self.total_s = 0.0  # from the first iteration's start to the last one's end
 
-    def lap(self) -> None:
-        """Mark the end of an iteration."""
-        self.total_s = time.perf_counter() - self._started
+    def lap(self) -> float:
+        """Mark the end of an iteration; returns its seconds."""
+        previous, self.total_s = self.total_s, time.perf_counter() - self._started
         self.first_s = self.first_s or self.total_s
+        return self.total_s - previous
+
+
+class StepWaits:
+    """Seconds an iteration waited for each of its steps (`<step>_s`): with overlap, a step that ran in the
+    background while another did counts only the time the loop still had to wait for it."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, step: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[f"{step}_s"] = time.perf_counter() - started

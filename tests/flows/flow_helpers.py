@@ -17,6 +17,38 @@ def task_runs(flow_run_id) -> list:
     return asyncio.run(read())
 
 
+def artifacts(flow_run_id) -> dict[str, object]:
+    """The flow run's artifacts by key (the newest of each key), progress artifacts included."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+
+    return {a.key: a for a in sorted(asyncio.run(read()), key=lambda a: a.created)}
+
+
+def check_run_artifacts(flow_run_id, run_name: str, iterations: int, run_dir: Path) -> None:
+    """A flow run shows its whole run: progress at 100%, a metrics row per iteration (earlier flow runs' included),
+    the learning curve embedded in the summary and stored as a PNG, the checkpoint lineage; TensorBoard events."""
+    import json
+
+    shown = artifacts(flow_run_id)
+    assert {f"{run_name}-{k}" for k in ("progress", "metrics", "summary", "checkpoints")} <= set(shown), sorted(shown)
+    assert float(shown[f"{run_name}-progress"].data) == 100.0
+    table = shown[f"{run_name}-metrics"].data
+    rows = json.loads(table) if isinstance(table, str) else table
+    assert [row["iteration"] for row in rows] == list(range(1, iterations + 1))
+    assert "![learning curve](data:image/png;base64," in shown[f"{run_name}-summary"].data
+    assert (run_dir / "reports" / "learning-curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lineage = shown[f"{run_name}-checkpoints"].data
+    lineage = json.loads(lineage) if isinstance(lineage, str) else lineage
+    assert [row["version"] for row in lineage] == list(range(iterations + 1))
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+
 def inject_faults(monkeypatch, tmp_path: Path, spec: str) -> None:
     """GYMFLOW_FAULTS for this test (the flow hands it to its Ray actors), markers in `tmp_path`."""
     monkeypatch.setenv("GYMFLOW_FAULTS", spec)

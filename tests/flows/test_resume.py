@@ -16,7 +16,7 @@ import pytest
 
 from rl_core.checkpoint import CheckpointStore
 from rl_core.runtime.local_ray import kill_local_ray_of
-from tests.flows.flow_helpers import inject_faults, task_runs
+from tests.flows.flow_helpers import check_run_artifacts, inject_faults, task_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api", "local_ray")]
 ITERATIONS = 3
@@ -84,6 +84,7 @@ def test_failed_flow_rerun_skips_completed_steps(tmp_path, monkeypatch, referenc
     names = {t.name.rsplit("-", 1)[0]: t.state.name for t in task_runs(state.state_details.flow_run_id)
              if t.name.startswith(("simulate", "score"))}
     assert "Cached" in names.values(), f"iteration 1's simulate/score must come from cache, got {names}"
+    check_run_artifacts(state.state_details.flow_run_id, "rerun", ITERATIONS, tmp_path / "runs" / "rerun")
 
 
 def test_sigkill_mid_iteration_then_resume(tmp_path, reference) -> None:

@@ -17,7 +17,7 @@ from rl_core.checkpoint import CheckpointStore
 from rl_core.checkpoint.cli import main as checkpoint_cli
 from rl_core.data import read_tensors
 from rl_core.runtime.local_ray import kill_local_ray_of
-from tests.flows.flow_helpers import inject_faults, task_runs
+from tests.flows.flow_helpers import check_run_artifacts, inject_faults, task_runs
 from tests.smollm2 import smollm2_gguf
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api", "local_ray")]
@@ -79,6 +79,7 @@ def test_an_exception_inside_rollout_is_retried_keeping_the_written_chunk(tmp_pa
     retried = [t for t in task_runs(state.state_details.flow_run_id)
                if t.name.startswith("rollout") and t.run_count > 1]
     assert len(retried) == 1 and retried[0].state.result()["chunks_resumed"] == 1
+    check_run_artifacts(state.state_details.flow_run_id, "retried", 2, tmp_path / "runs" / "retried")
 
 
 def test_a_killed_generator_is_replaced_and_the_run_ends_bit_identical(tmp_path, monkeypatch, reference) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config import ConfigError
+from tests.flows.flow_helpers import check_run_artifacts
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api", "local_ray")]
 
@@ -48,6 +49,7 @@ def test_tiny_run_commits_every_iteration_and_evaluates(tmp_path) -> None:
     tuned = json.loads((tmp_path / "runs" / "e2e" / "kernels" / "autotune.json").read_text())
     assert [op["op"] for op in tuned["ops"]] == ["gae", "ppo_grad", "policy_mlp_forward"]
     assert tuned == summary["kernels"]
+    check_run_artifacts(state.state_details.flow_run_id, "e2e", 2, tmp_path / "runs" / "e2e")
 
 
 def test_same_seed_same_weights_and_same_name_continues(tmp_path) -> None:
