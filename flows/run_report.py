@@ -98,7 +98,7 @@ class RunReport:
         create_table_artifact(key=artifact_key(run, "metrics"),
                               table=[{c: r.get(c) for c in columns} for r in records],
                               description=f"{run}: metrics of every iteration ({len(records)} so far)")
-        png = learning_curve_png(records, self.kind, f"{run} ({self.cfg.env.name})")
+        png = learning_curve_png(records, self.kind, f"{run} ({self.cfg.env.name})", self._evaluation(records, headline))
         curve_url = RunLayout(self.cfg.run_url).learning_curve
         fs, path = fsspec.core.url_to_fs(curve_url)
         fs.makedirs(fs._parent(path), exist_ok=True)
@@ -109,6 +109,15 @@ class RunReport:
         rows = checkpoint_rows(CheckpointStore(RunLayout(self.cfg.run_url).checkpoints))
         create_table_artifact(key=artifact_key(run, "checkpoints"), table=rows,
                               description=f"{run}: checkpoint lineage (ratio: bytes added / torch.save of the state)")
+
+    def _evaluation(self, records: list[dict], headline: dict[str, Any] | None) -> tuple[float, float, str] | None:
+        """Where the final evaluation sits on the curve: at the run's total work, its score."""
+        if not headline or not records:
+            return None
+        if self.kind == "agent":
+            return records[-1]["tokens_total"], headline["accuracy_final"], "held-out accuracy (final version)"
+        return (records[-1]["env_steps_total"], headline["final_return"],
+                f"deterministic evaluation ({headline['episodes']} episodes)")
 
     def _summary(self, records: list[dict], headline: dict[str, Any] | None, png: bytes, curve_url: str) -> str:
         lines = [f"# {self.cfg.run_name}", "",

@@ -122,8 +122,9 @@ def _export(store: CheckpointStore, args: argparse.Namespace, out: TextIO) -> in
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rl_core.checkpoint", description="Inspect and maintain a checkpoint store.")
+def _parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Inspect and maintain a checkpoint store (a run's checkpoints "
+                                "are at <store>/<run>/checkpoints, e.g. runs/my-run/checkpoints).")
     sub = p.add_subparsers(dest="command", required=True)
     ls = sub.add_parser("ls", help="list versions with sizes and codecs")
     ls.add_argument("url")
@@ -149,9 +150,9 @@ def _parser() -> argparse.ArgumentParser:
 _COMMANDS = {"ls": _ls, "show": _show, "verify": _verify, "gc": _gc, "export": _export}
 
 
-def main(argv: list[str] | None = None, *, out: TextIO | None = None) -> int:
+def main(argv: list[str] | None = None, *, out: TextIO | None = None, prog: str = "python -m rl_core.checkpoint") -> int:
     """Run one command; returns the exit status (argparse exits 2 itself on bad usage)."""
-    args = _parser().parse_args(argv)
+    args = _parser(prog).parse_args(argv)
     out = out or sys.stdout
     try:
         store = CheckpointStore(args.url)

@@ -9,7 +9,7 @@ from rl_core.reporting.metric_sinks import Record
 
 # (x field, x label, [(y field, y label)]) per kind of run: the first y on the top panel's left axis.
 CURVES = {
-    "control": ("env_steps_total", "env steps", [("mean_return", "mean episode return")]),
+    "control": ("env_steps_total", "env steps", [("mean_return", "training episode return (mean)")]),
     "agent": ("tokens_total", "tokens generated", [("accuracy", "rollout accuracy"), ("mean_reward", "mean reward")]),
 }
 SPEED = {"control": ("steps_per_s", "env steps/s"), "agent": ("tokens_per_s", "tokens/s")}
@@ -20,9 +20,11 @@ def _series(records: Sequence[Record], x: str, y: str) -> tuple[list[float], lis
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def learning_curve_png(records: Sequence[Record], kind: str, title: str) -> bytes:
+def learning_curve_png(records: Sequence[Record], kind: str, title: str,
+                       evaluation: tuple[float, float, str] | None = None) -> bytes:
     """The curve of `records` (one per iteration, as RunMetricsSink stores them) for a `kind` of run ("control" or
-    "agent"), as PNG bytes."""
+    "agent"), as PNG bytes; `evaluation` (x, y, label) marks the final evaluation on the top panel's first axis
+    (training returns come from the exploring policy, the evaluation from the deterministic one)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed, on any machine
@@ -39,6 +41,10 @@ def learning_curve_png(records: Sequence[Record], kind: str, title: str) -> byte
         xs, values = _series(records, x_field, field)
         axis.plot(xs, values, color=color, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
         axis.set_ylabel(label, color=color)
+    if evaluation is not None:
+        x, y, label = evaluation
+        top.plot([x], [y], marker="*", markersize=14, color="tab:red", linestyle="none", label=label)
+        top.legend(loc="lower right")
     top.set_title(title)
     top.grid(alpha=0.3)
     speed_field, speed_label = SPEED[kind]

@@ -82,7 +82,7 @@ def test_the_learning_curve_is_a_png_of_the_records(kind) -> None:
 
     records = [{**r, "tokens_total": 1000 * r["iteration"], "accuracy": 0.1 * r["iteration"], "mean_reward": 0.2,
                 "tokens_per_s": 300.0} for r in _records(40)]
-    png = learning_curve_png(records, kind, "a run")
+    png = learning_curve_png(records, kind, "a run", evaluation=(40_000, 3.0, "final"))
     image = matplotlib.image.imread(io.BytesIO(png), format="png")
     assert image.shape[:2] == (550, 800) and image.std() > 0.05  # drawn, not blank
     assert learning_curve_png(records[:1], kind, "one point")[:4] == b"\x89PNG"
