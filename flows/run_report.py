@@ -11,7 +11,6 @@ task, so a resumed or retried run shows every iteration, those of earlier flow r
 from __future__ import annotations
 
 import base64
-import re
 import time
 from typing import Any
 
@@ -35,6 +34,7 @@ from rl_core.reporting import (
     learning_curve_png,
     read_metrics,
 )
+from tasks.artifact_keys import artifact_key
 
 PROGRESS_EVERY_S = 2.0
 TABLE_COLUMNS = {
@@ -45,11 +45,6 @@ TABLE_COLUMNS = {
               "staleness_mean", "dropped_rows", "tokens_per_s", "version", "checkpoint_bytes", "rollout_s", "score_s",
               "train_s", "checkpoint_s", "iteration_s"),
 }
-
-
-def artifact_key(run_name: str, what: str) -> str:
-    """Prefect's artifact keys allow lowercase letters, digits and dashes only."""
-    return re.sub(r"[^a-z0-9-]+", "-", f"{run_name}-{what}".lower()).strip("-")
 
 
 def numbers(values: dict[str, Any], *names: str) -> dict[str, float]:
@@ -121,19 +116,19 @@ class RunReport:
 
     def _summary(self, records: list[dict], headline: dict[str, Any] | None, png: bytes, curve_url: str) -> str:
         lines = [f"# {self.cfg.run_name}", "",
-                 f"{self.cfg.env.name}, {len(records)} of {self.cfg.iterations} iterations recorded; "
-                 f"run folder `{self.cfg.run_url}`.", ""]
+                 (f"{self.cfg.env.name}, {len(records)} of {self.cfg.iterations} iterations recorded; "
+                  f"run folder `{self.cfg.run_url}`."), ""]
         if headline is None:
-            lines += ["**This flow run did not finish**: the curve shows the iterations that completed. "
-                      "Retry the run (or rerun it with the same run name) to continue from its newest version.", ""]
+            lines += [("**This flow run did not finish**: the curve shows the iterations that completed. "
+                       "Retry the run (or rerun it with the same run name) to continue from its newest version."), ""]
         else:
             lines += ["| outcome | value |", "|---|---|"]
             lines += [f"| {name} | {_cell(value)} |" for name, value in headline.items()]
             lines.append("")
         encoded = base64.b64encode(png).decode()
         lines += [f"![learning curve](data:image/png;base64,{encoded})", "",
-                  f"The curve's PNG: `{curve_url}`. Scalars for TensorBoard: "
-                  f"`tensorboard --logdir {RunLayout(self.cfg.run_url).tensorboard}`."]
+                  (f"The curve's PNG: `{curve_url}`. Scalars for TensorBoard: "
+                   f"`tensorboard --logdir {RunLayout(self.cfg.run_url).tensorboard}`.")]
         return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ from rl_core.algos.hot_ops import hot_ops, tune_hot_ops
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout
 from rl_core.threads import ENV_WORKER_THREADS, TRAINER_THREADS
+from tasks.artifact_keys import artifact_key
 from tasks.caching import STEP_OPTIONS
 
 
@@ -29,7 +30,7 @@ def kernel_autotune(cfg: RunConfig) -> dict:
     reports = tune_hot_ops(hot_ops(cfg, cfg.num_ranks, TRAINER_THREADS, ENV_WORKER_THREADS))
     fast = {p: kernels.fast_p(reports, p) for p in (1.0, 1.5)}
     create_table_artifact(
-        key="kernel-autotune", table=[row for report in reports for row in report.rows()],
+        key=artifact_key(cfg.run_name, "kernel-autotune"), table=[row for report in reports for row in report.rows()],
         description=f"Kernel candidates per shape bucket; fast_1.0 = {fast[1.0]:.0%}, fast_1.5 = {fast[1.5]:.0%}.",
     )
     result = {"ops": [report.to_dict() for report in reports], "fast_1.0": fast[1.0], "fast_1.5": fast[1.5]}

@@ -85,7 +85,7 @@ def test_ckpt_reaches_the_checkpoint_tool_with_its_exit_statuses(tmp_path, capsy
 
 
 def test_the_console_script_is_installed() -> None:
-    script = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; "
-                             "print([e.value for e in m.entry_points(group='console_scripts') if e.name == 'gymflow'])"],
-                            capture_output=True, text=True, check=True)
+    code = ("import importlib.metadata as m; "
+            "print([e.value for e in m.entry_points(group='console_scripts') if e.name == 'gymflow'])")
+    script = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "flows.cli:main" in script.stdout

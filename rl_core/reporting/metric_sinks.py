@@ -93,7 +93,9 @@ class TensorBoardSink:
     """
 
     def __init__(self, run_url: str, flush_secs: int = 10) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only where a run logs
+        from torch.utils.tensorboard import (
+            SummaryWriter,  # imports tensorboard: only where a run logs
+        )
 
         url = RunLayout(run_url).tensorboard
         fs, path = fsspec.core.url_to_fs(url)
@@ -105,9 +107,9 @@ class TensorBoardSink:
     def write(self, record: Record) -> None:
         step = int(record["iteration"])
         for name, value in record.items():
-            if name != "iteration" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                if math.isfinite(value):
-                    self._writer.add_scalar(_tag(name), value, step)
+            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if name != "iteration" and numeric and math.isfinite(value):
+                self._writer.add_scalar(_tag(name), value, step)
 
     def close(self) -> None:
         self._writer.close()
