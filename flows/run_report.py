@@ -31,6 +31,7 @@ from rl_core.reporting import (
     RunMetricsSink,
     TensorBoardSink,
     checkpoint_rows,
+    configured_sinks,
     learning_curve_png,
     read_metrics,
 )
@@ -58,8 +59,10 @@ class RunReport:
 
     def __init__(self, cfg: AnyRunConfig, kind: str, done: int, sinks: list | None = None) -> None:
         self.cfg, self.kind = cfg, kind
-        self.logger = MetricsLogger(sinks if sinks is not None else [RunMetricsSink(cfg.run_url),
-                                                                     TensorBoardSink(cfg.run_url)])
+        if sinks is None:
+            sinks = [RunMetricsSink(cfg.run_url), TensorBoardSink(cfg.run_url),
+                     *configured_sinks(cfg.run_url, cfg.run_name)]
+        self.logger = MetricsLogger(sinks)
         self._total = max(cfg.iterations, 1)
         self._progress_id = create_progress_artifact(
             progress=100.0 * done / self._total, key=artifact_key(cfg.run_name, "progress"),

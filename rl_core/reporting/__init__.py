@@ -7,8 +7,9 @@ from rl_core.reporting.metric_sinks import (
     MetricsLogger,
     RunMetricsSink,
     TensorBoardSink,
+    configured_sinks,
     read_metrics,
 )
 
-__all__ = ["MetricSink", "MetricsLogger", "RunMetricsSink", "TensorBoardSink", "checkpoint_rows",
+__all__ = ["MetricSink", "MetricsLogger", "RunMetricsSink", "TensorBoardSink", "checkpoint_rows", "configured_sinks",
            "learning_curve_png", "read_metrics"]

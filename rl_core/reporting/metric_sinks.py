@@ -4,12 +4,15 @@ A flow hands one record per iteration (a flat dict of numbers, with its `iterati
 passes it to every sink. Two sinks come built in: `RunMetricsSink` keeps each record as JSON in the run's folder
 (the source of the learning curve and the metrics table, on any fsspec store, so a resumed run still reports every
 iteration), and `TensorBoardSink` writes TensorBoard scalars. Another sink (MLflow, W&B...) is any object with
-`write(record)` and `close()`, added to the list without touching the flows.
+`write(record)` and `close()`: name its factory in `GYMFLOW_METRIC_SINKS` (`module:callable`, comma-separated;
+called with the run's URL and name) and every run adds it, without touching the flows.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,6 +23,7 @@ import fsspec
 from rl_core.data import RunLayout
 
 Record = dict[str, Any]
+SINKS_VARIABLE = "GYMFLOW_METRIC_SINKS"
 
 
 class MetricSink(Protocol):
@@ -119,3 +123,18 @@ class TensorBoardSink:
             for event_file in Path(self._logdir).iterdir():
                 fs.put_file(str(event_file), f"{path}/{event_file.name}")
             shutil.rmtree(self._logdir, ignore_errors=True)
+
+
+def configured_sinks(run_url: str, run_name: str) -> list[MetricSink]:
+    """The sinks `GYMFLOW_METRIC_SINKS` names (`module:callable,...`), each made by `callable(run_url, run_name)`;
+    a name that does not resolve is an error naming it, at the run's start."""
+    sinks = []
+    for spec in filter(None, (part.strip() for part in os.environ.get(SINKS_VARIABLE, "").split(","))):
+        module_name, _, attribute = spec.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError, ValueError) as err:
+            raise ValueError(f"{SINKS_VARIABLE}: {spec!r} does not name a sink factory (module:callable): "
+                             f"{type(err).__name__}: {err}") from err
+        sinks.append(factory(run_url, run_name))
+    return sinks

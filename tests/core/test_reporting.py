@@ -103,3 +103,23 @@ def test_checkpoint_rows_name_bases_and_deltas_against_torch_save(tmp_path) -> N
     assert rows[0]["raw_bytes"] == 256 * 257 * 4
     assert 0.5 < rows[0]["ratio_to_torch_save"] <= 1.0 and rows[1]["ratio_to_torch_save"] < 0.1
     assert checkpoint_rows(CheckpointStore(f"file://{tmp_path}/empty")) == []
+
+
+def sink_for_tests(run_url: str, run_name: str) -> ListSink:
+    """A sink factory as GYMFLOW_METRIC_SINKS names one."""
+    sink = ListSink()
+    sink.run = (run_url, run_name)
+    return sink
+
+
+def test_sinks_named_in_the_environment_join_every_run(monkeypatch) -> None:
+    from rl_core.reporting import configured_sinks
+
+    monkeypatch.setenv("GYMFLOW_METRIC_SINKS", f"{__name__}:sink_for_tests, {__name__}:sink_for_tests")
+    sinks = configured_sinks("file:///runs/a", "a")
+    assert len(sinks) == 2 and sinks[0].run == ("file:///runs/a", "a")
+    monkeypatch.setenv("GYMFLOW_METRIC_SINKS", "no_such_module:Sink")
+    with pytest.raises(ValueError, match="no_such_module:Sink"):
+        configured_sinks("file:///runs/a", "a")
+    monkeypatch.delenv("GYMFLOW_METRIC_SINKS")
+    assert configured_sinks("file:///runs/a", "a") == []
