@@ -1,10 +1,16 @@
-"""The command line: `gymflow train [options]`, `gymflow train-agent [options]` and `gymflow evaluate --run-name
-NAME` (the console script; the same as `python -m flows.cli ...`).
+"""The command line, `gymflow` (the console script; the same as `python -m flows.cli`).
 
-`train` runs the control flow, `train-agent` the agent flow, on embedded defaults (a temporary local Prefect API, a
-local Ray on 127.0.0.1, a file:// store under ./runs) with a progress bar, prints a summary and ends with one JSON
-line. Their options are the run's launch options (`rl_core.launch_options`), derived from the configuration
-models: `--env`, `--seed`, `--num-workers`... with each field's description as help.
+    gymflow train [options]           train a control agent (PPO on MuJoCo) through the train-control flow
+    gymflow train-agent [options]     train an LLM agent (GRPO on text tasks) through the train-agent flow
+    gymflow evaluate RUN [--video]    evaluate a stored version of a run; render it to MP4 or GIF
+    gymflow runs [--store URL]        the runs under a store: newest version, iterations, last score, size
+    gymflow ckpt ls|show|verify|gc|export ...   inspect and maintain a run's checkpoint store
+    gymflow ui [--stop]               a local Prefect server, the gymflow work pool, deployments and a worker
+
+`train` and `train-agent` run on embedded defaults (a temporary local Prefect API, a local Ray on 127.0.0.1, a
+file:// store under ./runs) with a progress bar, print a summary and end with one JSON line. Their options are the
+run's launch options (`rl_core.launch_options`), derived from the configuration models, each field's description
+as its help.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import atexit
 import json
 import logging
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +35,8 @@ AGENT_SUMMARY_KEYS = ("accuracy_sft", "accuracy_final", "mean_reward_sft", "mean
 
 def _train_parser(sub: argparse._SubParsersAction, command: str, text: str,
                   options: dict[str, LaunchOption]) -> None:
-    parser = sub.add_parser(command, help=text)
+    parser = sub.add_parser(command, help=text, description=text[0].upper() + text[1:] + "; options left out take "
+                            "the preset's values.", epilog=EXIT_CODES)
     for opt in options.values():
         flag = "--" + opt.name.replace("_", "-")
         default = f" (default: {opt.default})" if opt.default is not None else ""
@@ -42,44 +50,100 @@ def _train_parser(sub: argparse._SubParsersAction, command: str, text: str,
     parser.add_argument("--verbose", action="store_true", help="show Prefect's task-run logs too")
 
 
+DEFAULT_STORE = "file://./runs"
+EXIT_CODES = """exit status: 0 done; 1 the run or command failed (the error is printed; rerun a training command with
+the same --run-name to continue from its newest committed version); 2 bad usage or configuration (the message
+names the option); 130 interrupted."""
+
+
 def _evaluate_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("evaluate", help="evaluate a stored version of a run (deterministic episodes)")
-    parser.add_argument("--run-name", required=True)
-    parser.add_argument("--store", default="file://./runs", help="fsspec URL the run folder lives under")
+    parser = sub.add_parser("evaluate", help="evaluate a stored version of a run; --video renders it",
+                            description="Deterministic episodes of a stored version of a control run, recorded in "
+                                        "<run>/evaluations/; with --video, episodes rendered offscreen (MuJoCo) to "
+                                        "<run>/videos/.")
+    parser.add_argument("run", metavar="RUN", help="the run's name (its folder under --store)")
+    parser.add_argument("--store", default=DEFAULT_STORE, help=f"fsspec URL the run folder lives under "
+                                                               f"(default: {DEFAULT_STORE})")
     parser.add_argument("--version", type=int, help="checkpoint version (default: the newest loadable)")
-    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--episodes", type=int, default=10, help="deterministic episodes (default: 10)")
+    parser.add_argument("--video", action="store_true", help="also render episodes to a video in the run's folder")
+    parser.add_argument("--video-format", choices=("mp4", "gif"), default="mp4", help="(default: mp4)")
+
+
+def _runs_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("runs", help="list the runs under a store",
+                            description="The runs under a store: kind, env, newest version, iterations asked for, "
+                                        "last score (mean return or accuracy) and size.")
+    parser.add_argument("--store", default=DEFAULT_STORE, help=f"fsspec URL (default: {DEFAULT_STORE})")
+    parser.add_argument("--json", action="store_true", help="one JSON object per run instead of a table")
+
+
+def _ckpt_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("ckpt", add_help=False, help="inspect and maintain a checkpoint store: "
+                                                         "ls|show|verify|gc|export (gymflow ckpt --help)")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+
+
+def _ui_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("ui", help="start (or --stop) a local Prefect UI with gymflow's deployments and a worker",
+                            description="Starts a Prefect server on 127.0.0.1, creates the gymflow work pool, "
+                                        "deploys prefect.yaml and starts a worker; prints where to click. "
+                                        "--stop stops exactly the processes it started.")
+    parser.add_argument("--stop", action="store_true", help="stop what `gymflow ui` started")
+    parser.add_argument("--port", type=int, default=4200, help="the server's port on 127.0.0.1 (default: 4200)")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="gymflow", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="gymflow", description=textwrap.dedent(__doc__.split("\n\n")[1]),
+                                     epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _train_parser(sub, "train", "train a control agent (PPO on MuJoCo) through the train-control flow",
                   launch_options())
     _train_parser(sub, "train-agent", "train an LLM agent (GRPO on text tasks) through the train-agent flow",
                   agent_launch_options())
     _evaluate_parser(sub)
+    _runs_parser(sub)
+    _ckpt_parser(sub)
+    _ui_parser(sub)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a subcommand; exit status 2 for a configuration error (its message names the field)."""
+    """Run a subcommand; returns the exit status (`EXIT_CODES`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["ckpt"]:  # its own parser: `gymflow ckpt --help` is the checkpoint tool's help
+        from rl_core.checkpoint.cli import main as checkpoint_main
+
+        return checkpoint_main(argv[1:], prog="gymflow ckpt")
+    args = parse_args(argv)
+    if args.command == "ui":
+        return _ui(args)
     from flows.defaults import apply_prefect_defaults
 
     apply_prefect_defaults()  # before anything imports prefect
-    args = parse_args(sys.argv[1:] if argv is None else argv)
     last_line: list[str] = []
     # Registered before a flow starts Prefect's temporary server, so it runs after that server's exit-time
     # shutdown message: the JSON stays the last line of output.
     atexit.register(lambda: last_line and print(last_line[0], flush=True))
     from rl_core.config import ConfigError
 
-    commands = {"train": _train, "train-agent": _train_agent, "evaluate": _evaluate}
+    commands = {"train": _train, "train-agent": _train_agent, "evaluate": _evaluate, "runs": _runs}
     try:
         result = commands[args.command](args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    last_line.append(json.dumps(result))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # a failed run: one clear line (the task logs above hold the traceback)
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        if args.command in ("train", "train-agent"):
+            print("rerun the same command (same --run-name) to continue from the newest committed version",
+                  file=sys.stderr)
+        return 1
+    if result is not None:
+        last_line.append(json.dumps(result))
     return 0
 
 
@@ -145,7 +209,41 @@ def _quiet_prefect(verbose: bool) -> None:
 def _evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from flows.evaluate import evaluate_policy
 
-    return evaluate_policy(args.run_name, args.store, args.version, args.episodes)
+    _quiet_prefect(verbose=False)
+    return evaluate_policy(args.run, args.store, args.version, args.episodes, video=args.video,
+                           video_format=args.video_format)
+
+
+def _runs(args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from rl_core.data.run_listing import list_runs
+
+    rows = list_runs(args.store)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    console = Console()
+    if not rows:
+        console.print(f"no runs under {args.store}")
+        return
+    table = Table(title=f"runs under {args.store}")
+    for column in ("run", "kind", "env", "created", "version", "iterations", "last score", "size"):
+        table.add_column(column, justify="right" if column in ("version", "iterations", "size") else "left")
+    for row in rows:
+        score = "-" if row["score"] is None else f"{row['score_name']} {row['score']:.3g}"
+        table.add_row(row["run"], row["kind"], row["env"], row["created"].replace("T", " "),
+                      str(row["latest_version"]), str(row["iterations"]), score, f"{row['bytes'] / 1e6:.1f} MB")
+    console.print(table)
+    return
+
+
+def _ui(args: argparse.Namespace) -> int:
+    from flows import ui_stack
+
+    return ui_stack.stop() if args.stop else ui_stack.start(port=args.port)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from rl_core.runtime.actors import RunActors
 from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init
 from tasks.evaluate import evaluate
 from tasks.kernel_autotune import kernel_autotune
+from tasks.render_video import render_final_version
 from tasks.score import score
 from tasks.simulate import simulate
 from tasks.train_shard import train_shard
@@ -97,6 +98,8 @@ def train_control(**options: Any) -> dict:
                               "mean_return": mean_return, "steps_per_s": sim["env_steps"] / seconds,
                               "checkpoint_bytes": committed["encoded_bytes"], "iteration_s": seconds})
         result = evaluate(cfg, actors, run.incarnation, version)
+        if cfg.eval_video:
+            render_final_version(cfg, version)
     finally:
         actors.release()
         if report is not None:

@@ -169,6 +169,8 @@ class RunConfig(BaseModel):
         "samples by proximal/behaviour probability: decoupled PPO). Keeps env workers and trainer busy at once; "
         "changes the math, so it is part of what a run is and a continued run keeps it.")
     eval_episodes: int = Field(5, ge=1, description="Deterministic episodes in the final evaluation.")
+    eval_video: bool = Field(False, description="After the final evaluation, render one of its episodes to an MP4 "
+                             "in the run's folder (<run>/videos/; needs EGL or OSMesa, which training does not).")
     collective_timeout_s: float = Field(
         120.0, gt=0, description="How long a rank waits in a collective before the group is declared broken.")
     env: EnvConfig = EnvConfig()

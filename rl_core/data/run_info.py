@@ -19,7 +19,7 @@ from rl_core.data.run_layout import RunLayout
 # Fields a continued run may change: how far to go and how much to evaluate, not what is trained. Also how its
 # envs are split over env workers, as long as their number stays (checkpoints hold every env's state in global
 # env order, so any split restores them): a run can continue on more or fewer workers.
-CONTINUABLE_FIELDS = {"iterations", "eval_episodes", "storage.url", "storage.epoch_checkpoint_every",
+CONTINUABLE_FIELDS = {"iterations", "eval_episodes", "eval_video", "storage.url", "storage.epoch_checkpoint_every",
                       "storage.epoch_checkpoint_min_s", "collective_timeout_s", "env.num_workers",
                       "env.envs_per_worker"}
 ENV_COUNT = "env.num_workers x env.envs_per_worker"

@@ -1,18 +1,24 @@
-"""flows.evaluate: a stored version's deterministic episodes, recorded, reproducible, with clear errors."""
+"""flows.evaluate: a stored version's deterministic episodes, recorded, reproducible, with clear errors; rendered to a
+video in the run folder on request."""
 from __future__ import annotations
 
+import base64
 import json
 
 import fsspec
+import imageio.v3 as iio
 import pytest
+from prefect.artifacts import Artifact
 
 from flows.evaluate import evaluate_policy
 from rl_core.algos.base import build_learner
+from rl_core.algos.episode_video import render_version
 from rl_core.checkpoint import VersionNotFoundError
 from rl_core.config import ConfigError
 from rl_core.data.run_info import open_run
 from rl_core.run_presets import build_config
 from rl_core.runtime.commits import commit_initial
+from tasks.render_video import video_markdown
 
 
 @pytest.fixture
@@ -42,3 +48,29 @@ def test_unknown_run_version_and_bad_episodes_are_clear_errors(stored_run, prefe
         evaluate_policy("eval-me", stored_run.storage.url, version=7)
     with pytest.raises(ConfigError, match="episodes"):
         evaluate_policy("eval-me", stored_run.storage.url, episodes=0)
+
+
+@pytest.mark.slow
+def test_video_of_the_evaluated_version_is_stored_in_the_run_and_linked_from_an_artifact(
+        stored_run, prefect_api, tmp_path) -> None:
+    state = evaluate_policy("eval-me", stored_run.storage.url, episodes=1, video=True, return_state=True)
+    result = state.result()
+    video = result["video"]
+    path = tmp_path / "runs" / "eval-me" / "videos" / "v00000000.mp4"
+    assert video["version"] == result["version"] == 0 and video["path"] == str(path)
+    assert path.stat().st_size == video["bytes"] > 0
+    assert iio.imread(path.read_bytes(), extension=".mp4", index=None).shape == (video["frames"], 360, 480, 3)
+    # the rendered episode is the one evaluation scored (evaluation's env 0, played to its end)
+    assert video["complete"] == [True] and video["returns"][0] == pytest.approx(result["final_return"], rel=1e-9)
+    artifact = Artifact.get(video["artifact"])
+    assert video["artifact"] == "eval-me-video" and artifact.flow_run_id == state.state_details.flow_run_id
+    assert f"]({video['url']})" in artifact.data and f"`{path}`" in artifact.data
+
+
+def test_video_artifact_embeds_a_small_gif_and_links_an_mp4(stored_run) -> None:
+    gif = render_version(stored_run, 0, fmt="gif", max_steps=6, width=64, height=48)
+    markdown = video_markdown("eval-me", gif)
+    embedded = markdown.split("![episode](data:image/gif;base64,")[1].rstrip(")")
+    assert base64.b64decode(embedded) == fsspec.core.url_to_fs(gif["url"])[0].cat_file(gif["path"])
+    mp4 = render_version(stored_run, 0, max_steps=6, width=64, height=48)
+    assert "base64" not in video_markdown("eval-me", mp4) and mp4["url"] in video_markdown("eval-me", mp4)

@@ -149,3 +149,18 @@ def test_the_flow_computes_what_rl_core_computes_in_one_process(tmp_path, overla
     assert torch.get_num_threads() == threads  # the caller's setting is restored
     assert direct.policy_sha256 == flow["policy_sha256"]
     assert direct.evaluation["final_return"] == flow["final_return"]
+
+
+def test_a_run_that_asks_for_a_video_renders_its_final_version(tmp_path) -> None:
+    """The nightly deployment's end (eval_video): the final version's episode as an MP4 in the run's folder,
+    linked from the run's video artifact. An untrained pendulum falls within a few dozen steps: a short video."""
+    import imageio.v3 as iio
+
+    from flows.train_control import train_control
+    from tests.flows.flow_helpers import artifacts
+
+    state = train_control(preset="tiny", env="InvertedPendulum-v5", store=f"file://{tmp_path}/runs", run_name="film",
+                          eval_video=True, return_state=True)
+    frames = iio.imread(tmp_path / "runs" / "film" / "videos" / "v00000002.mp4")
+    assert state.result()["iterations"] == 2 and len(frames) > 1 and frames.std() > 0
+    assert "v00000002.mp4" in artifacts(state.state_details.flow_run_id)["film-video"].data
