@@ -131,8 +131,13 @@ class RunReport:
         encoded = base64.b64encode(png).decode()
         lines += [f"![learning curve](data:image/png;base64,{encoded})", "",
                   (f"The curve's PNG: `{curve_url}`. Scalars for TensorBoard: "
-                   f"`tensorboard --logdir {RunLayout(self.cfg.run_url).tensorboard}`.")]
+                   f"`tensorboard --logdir {_local(RunLayout(self.cfg.run_url).tensorboard)}`.")]
         return "\n".join(lines)
+
+
+def _local(url: str) -> str:
+    """A file:// URL as the path TensorBoard takes; other URLs as they are."""
+    return url.removeprefix("file://")
 
 
 def _rounded(value: Any) -> Any:
