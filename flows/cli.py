@@ -179,12 +179,14 @@ def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: C
 
     from flows import progress
     from flows.startup import start_api_and_actors
+    from rl_core.config import require_shared_store
 
     started = time.perf_counter()
     console = Console(stderr=False)
     _quiet_prefect(args.verbose)
     options = {name: getattr(args, name) for name in table}
     cfg = build(**options)  # fails here, before anything starts, on a bad value
+    require_shared_store(cfg.storage.url)
     # A credentials block is read through the API, and Ray's workers must start with what it holds: then the flow
     # starts Ray itself, once the credentials are exported.
     actors = None if args.store_credentials_block else start_api_and_actors(actors_of(cfg))

@@ -5,6 +5,7 @@ from prefect import get_run_logger
 
 from flows.store_credentials import export_store_credentials
 from rl_core.agent_config import AnyRunConfig
+from rl_core.config import require_shared_store
 from rl_core.data.run_info import RunInfo, open_run
 
 
@@ -12,6 +13,7 @@ def start_run(cfg: AnyRunConfig, credentials_block: str | None) -> RunInfo:
     """Export the block's credentials (before anything touches the store or starts Ray, whose workers inherit them),
     then create or check the run's run.json; logs whether the run is new or continued."""
     logger = get_run_logger()
+    require_shared_store(cfg.storage.url)
     if credentials_block:
         names = export_store_credentials(credentials_block)
         logger.info("store credentials from block %s: set %s", credentials_block, ", ".join(names))

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rl_core.config import AlgorithmConfig, RunConfig, StorageConfig, option
+from rl_core.config import MAX_SEED, AlgorithmConfig, RunConfig, StorageConfig, option
 
 
 class GRPOConfig(AlgorithmConfig):
@@ -141,7 +141,8 @@ class AgentRunConfig(BaseModel):
 
     flow: Literal["agent"] = "agent"
     run_name: str = Field(description="Names the run's folder in the store; the same name continues the run.")
-    seed: int = Field(0, ge=0, description="Seeds everything: equal seeds give bit-identical weights on CPU.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seeds everything: equal seeds give bit-identical weights on "
+                      "CPU.")
     iterations: int = Field(ge=1, description="Total GRPO iterations of the run.")
     num_ranks: int = Field(1, ge=1, description="torch.distributed ranks of the trainer group (train shards).")
     eval_problems: int = Field(200, ge=1, description="Held-out problems of the final (and SFT) evaluation.")
@@ -160,7 +161,7 @@ class AgentRunConfig(BaseModel):
     model: ModelConfig = ModelConfig()
     sampling: SamplingConfig = SamplingConfig()
     sft: SFTConfig = SFTConfig()
-    storage: StorageConfig = StorageConfig()
+    storage: StorageConfig = Field(default_factory=StorageConfig)  # per config: ./runs resolved at that moment
     algorithm: GRPOConfig = GRPOConfig()
 
     @field_validator("run_name")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, ClassVar, Optional
+from typing import Annotated, Any, ClassVar, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
@@ -20,10 +20,19 @@ from rl_core.envs.randomization import DynamicsRandomization
 from rl_core.envs.registry import import_env_module, validate_env_name
 
 STORE_SCHEMES = ("file", "memory", "s3")
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes 64 bits; a larger seed would fail inside an actor, after run.json
 
 
 class ConfigError(ValueError):
     """Invalid run configuration; the message names each bad field and what it allows."""
+
+
+def require_shared_store(url: str) -> None:
+    """A flow's steps run in other processes (Ray actors), which see only stores outside this process."""
+    if url.startswith("memory://"):
+        raise ConfigError(f"store: {url} lives in this process's memory, and the flow's steps run in Ray actors "
+                          "that cannot see it; use file:// (the default, ./runs) or s3://bucket/prefix (memory:// "
+                          "serves in-process use: train_in_process, CheckpointStore)")
 
 
 def option(name: str) -> dict[str, str]:
@@ -77,9 +86,17 @@ class PPOConfig(AlgorithmConfig):
     max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
     target_kl: Optional[float] = Field(None, gt=0, description="Stop the epochs early past this approx. KL.")
     norm_adv: bool = Field(True, description="Normalize advantages per minibatch.")
-    hidden: tuple[int, ...] = Field((64, 64), description="Hidden layer widths of actor and critic.")
+    hidden: tuple[Annotated[int, Field(ge=1)], ...] = Field(
+        (64, 64), description="Hidden layer widths of actor and critic (at least one layer, each >= 1).")
     log_std_init: float = Field(0.0, description="Initial log standard deviation of the Gaussian policy.")
     scale_rewards: bool = Field(True, description="Divide rewards by the running std of discounted returns.")
+
+    @field_validator("hidden")
+    @classmethod
+    def _hidden(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value:
+            raise ValueError("the actor and critic need at least one hidden layer, e.g. (64, 64)")
+        return value
 
 
 class EnvConfig(BaseModel):
@@ -159,7 +176,8 @@ class RunConfig(BaseModel):
     SECTIONS: ClassVar[tuple[str, ...]] = ("env", "storage", "algorithm")
 
     run_name: str = Field(description="Names the run's folder in the store; the same name continues the run.")
-    seed: int = Field(0, ge=0, description="Seeds everything: equal seeds give bit-identical weights on CPU.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seeds everything: equal seeds give bit-identical weights on "
+                      "CPU.")
     iterations: int = Field(ge=1, description="Total training iterations of the run (a continued run trains up "
                             "to this many).")
     num_ranks: int = Field(2, ge=1, description="torch.distributed ranks of the trainer group (train shards).")
@@ -174,7 +192,7 @@ class RunConfig(BaseModel):
     collective_timeout_s: float = Field(
         120.0, gt=0, description="How long a rank waits in a collective before the group is declared broken.")
     env: EnvConfig = EnvConfig()
-    storage: StorageConfig = StorageConfig()
+    storage: StorageConfig = Field(default_factory=StorageConfig)  # per config: ./runs resolved at that moment
     algorithm: SerializeAsAny[AlgorithmConfig] = PPOConfig()
 
     @model_validator(mode="before")

@@ -72,3 +72,28 @@ def test_a_config_in_the_flat_layout_reads_as_the_sectioned_one() -> None:
             "epoch_checkpoint_every": 1, "epoch_checkpoint_min_s": 0.0,
             "ppo": {k: v for k, v in cfg.algorithm.model_dump(mode="json").items() if k != "name"}}
     assert RunConfig.model_validate(flat) == cfg
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"seed": 2**70}, "seed"),
+    ({"hyperparameters": {"hidden": ()}}, "algorithm.hidden"),
+    ({"hyperparameters": {"hidden": (64, 0)}}, "algorithm.hidden.1"),
+])
+def test_values_that_would_fail_inside_an_actor_are_refused_at_start(options: dict, named: str) -> None:
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        build_config("tiny", run_name="bad", **options)
+
+
+def test_the_default_store_is_resolved_where_the_config_is_made(tmp_path, monkeypatch) -> None:
+    from rl_core.config import RunConfig
+
+    monkeypatch.chdir(tmp_path)
+    assert RunConfig(run_name="here", iterations=1).storage.url == f"file://{tmp_path}/runs"
+
+
+def test_a_memory_store_is_refused_for_a_flow_naming_why() -> None:
+    from rl_core.config import require_shared_store
+
+    with pytest.raises(ConfigError, match="Ray actors"):
+        require_shared_store("memory://runs")
+    require_shared_store("file:///tmp/runs")
