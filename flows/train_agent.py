@@ -40,6 +40,7 @@ from rl_core.data.storage_report import storage_report
 from rl_core.iteration_clock import IterationClock, StepWaits
 from rl_core.launch_options import agent_launch_options
 from rl_core.runtime.agent_actors import AgentActors
+from tasks.caching import step_incarnation
 from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init
 from tasks.evaluate import evaluate
 from tasks.kernel_autotune import kernel_autotune
@@ -66,8 +67,9 @@ def train_agent(**options: Any) -> dict:
     try:
         tuning = kernel_autotune(cfg)
         actors.start()
-        version = checkpoint_init(cfg, actors, run.incarnation)["version"]
-        warm = evaluate(cfg, actors, run.incarnation, 0)
+        start = checkpoint_init(cfg, actors, run.incarnation)
+        version, incarnation = start["version"], step_incarnation(run.incarnation, start)
+        warm = evaluate(cfg, actors, incarnation, 0)
         logger.info("warm start (v0): held-out accuracy %.3f, mean reward %.3f", warm["accuracy"], warm["mean_reward"])
         progress.start(version, cfg.iterations)
         report = RunReport(cfg, "agent", done=version)
@@ -76,19 +78,19 @@ def train_agent(**options: Any) -> dict:
         for iteration in range(version, cfg.iterations):
             waits = StepWaits()
             with waits("rollout"):
-                rolled = rolling.result() if rolling else rollout(cfg, actors, run.incarnation, iteration,
+                rolled = rolling.result() if rolling else rollout(cfg, actors, incarnation, iteration,
                                                                   behaviour_version(cfg, iteration))
             with waits("score"):
-                scored = score(cfg, run.incarnation, iteration, version, rolled["trajectories"])
-            shards = [train_shard.submit(cfg, actors, run.incarnation, iteration, version, k, scored["scored"])
+                scored = score(cfg, incarnation, iteration, version, rolled["trajectories"])
+            shards = [train_shard.submit(cfg, actors, incarnation, iteration, version, k, scored["scored"])
                       for k in range(cfg.num_ranks)]
             ahead = cfg.algorithm.max_staleness and iteration + 1 < cfg.iterations
-            rolling = rollout.submit(cfg, actors, run.incarnation, iteration + 1,
+            rolling = rollout.submit(cfg, actors, incarnation, iteration + 1,
                                      behaviour_version(cfg, iteration + 1)) if ahead else None
             with waits("train"):
                 trained = [s.result() for s in shards]
             with waits("checkpoint"):
-                committed = checkpoint_diff(cfg, run.incarnation, iteration, version, trained[0]["staged"],
+                committed = checkpoint_diff(cfg, incarnation, iteration, version, trained[0]["staged"],
                                             rolled["trajectories"])
             version = committed["version"]
             metrics = trained[0]
@@ -104,7 +106,7 @@ def train_agent(**options: Any) -> dict:
                               **numbers(rolled, "tokens", "accuracy", "mean_reward"),
                               "tokens_total": committed["tokens_generated"], "tokens_per_s": rolled["tokens"] / seconds,
                               "checkpoint_bytes": committed["encoded_bytes"], "iteration_s": seconds})
-        final = evaluate(cfg, actors, run.incarnation, version)
+        final = evaluate(cfg, actors, incarnation, version)
     finally:
         actors.release()
         if report is not None:

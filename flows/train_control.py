@@ -33,6 +33,7 @@ from rl_core.data.storage_report import storage_report
 from rl_core.iteration_clock import IterationClock, StepWaits
 from rl_core.run_presets import build_config
 from rl_core.runtime.actors import RunActors
+from tasks.caching import step_incarnation
 from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init
 from tasks.evaluate import evaluate
 from tasks.kernel_autotune import kernel_autotune
@@ -63,7 +64,8 @@ def train_control(**options: Any) -> dict:
         # After tuning: actors booting during a first (uncached) tuning would disturb its timings.
         tuning = kernel_autotune(cfg)
         actors.start()  # they boot while checkpoint_init waits for the trainer group
-        version = checkpoint_init(cfg, actors, run.incarnation)["version"]
+        start = checkpoint_init(cfg, actors, run.incarnation)
+        version, incarnation = start["version"], step_incarnation(run.incarnation, start)
         progress.start(version, cfg.iterations)
         report = RunReport(cfg, "control", done=version)
         recent_returns: list[float] = []
@@ -72,18 +74,18 @@ def train_control(**options: Any) -> dict:
         for iteration in range(version, cfg.iterations):
             waits = StepWaits()
             with waits("simulate"):
-                sim = collecting.result() if collecting else simulate(cfg, actors, run.incarnation, iteration,
+                sim = collecting.result() if collecting else simulate(cfg, actors, incarnation, iteration,
                                                                       version)
             with waits("score"):
-                scored = score(cfg, run.incarnation, iteration, version, sim["experience"])
-            shards = [train_shard.submit(cfg, actors, run.incarnation, iteration, version, k, scored["scored"])
+                scored = score(cfg, incarnation, iteration, version, sim["experience"])
+            shards = [train_shard.submit(cfg, actors, incarnation, iteration, version, k, scored["scored"])
                       for k in range(cfg.num_ranks)]
-            collecting = (simulate.submit(cfg, actors, run.incarnation, iteration + 1, version + 1)
+            collecting = (simulate.submit(cfg, actors, incarnation, iteration + 1, version + 1)
                           if cfg.overlap and iteration + 1 < cfg.iterations else None)
             with waits("train"):
                 trained = [s.result() for s in shards]
             with waits("checkpoint"):
-                committed = checkpoint_diff(cfg, run.incarnation, iteration, version, trained[0]["staged"],
+                committed = checkpoint_diff(cfg, incarnation, iteration, version, trained[0]["staged"],
                                             sim["experience"])
             version = committed["version"]
             recent_returns = (recent_returns + sim["finished_returns"])[-cfg.env.num_envs:]
@@ -97,7 +99,7 @@ def train_control(**options: Any) -> dict:
                               "env_steps": sim["env_steps"], "env_steps_total": committed["env_steps"],
                               "mean_return": mean_return, "steps_per_s": sim["env_steps"] / seconds,
                               "checkpoint_bytes": committed["encoded_bytes"], "iteration_s": seconds})
-        result = evaluate(cfg, actors, run.incarnation, version)
+        result = evaluate(cfg, actors, incarnation, version)
         if cfg.eval_video:
             render_final_version(cfg, version)
     finally:

@@ -30,3 +30,10 @@ def step_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
         f"rank{parameters.get('rank', '-')}",
         f"v{parameters.get('version', '-')}",
     ])
+
+
+def step_incarnation(incarnation: str, start: dict[str, Any]) -> str:
+    """The incarnation the run's steps are cached under, from checkpoint_init's answer (`start`): after a version
+    was set aside (it failed verification), the steps cached after the version before it describe state that no
+    longer exists, so they run again under a new key."""
+    return incarnation if not start.get("lineage") else f"{incarnation}-lineage{start['lineage']}"

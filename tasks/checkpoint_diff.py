@@ -1,7 +1,7 @@
 """checkpoint_diff: commit the iteration's state as a delta version (and version 0 at a run's start)."""
 from __future__ import annotations
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rl_core.agent_config import AnyRunConfig
@@ -22,7 +22,7 @@ def checkpoint_init(cfg: AnyRunConfig, actors: RunActors | AgentActors, incarnat
     Never cached: it answers "where does this run stand now", which changes as the run goes on.
     """
     if not algorithm_of(cfg).warm_start:
-        return commit_initial(cfg, actors.trainer_group.initial_state)
+        return _said(commit_initial(cfg, actors.trainer_group.initial_state))
     staged: list[str] = []
 
     def warm_started() -> dict:
@@ -31,6 +31,13 @@ def checkpoint_init(cfg: AnyRunConfig, actors: RunActors | AgentActors, incarnat
 
     committed = commit_initial(cfg, warm_started)
     remove_staged(staged)
+    return _said(committed)
+
+
+def _said(committed: dict) -> dict:
+    """Warn (in the task's log) of each version set aside on the way to the newest valid one."""
+    for message in committed["set_aside"]:
+        get_run_logger().warning(message)
     return committed
 
 

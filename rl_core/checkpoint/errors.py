@@ -115,4 +115,4 @@ class ChunkCorruptError(ChunkError):
 
 
 class StorageError(CheckpointError, OSError):
-    """Storage failed (unreachable endpoint, permissions, ...) while committing; nothing of the commit is visible."""
+    """Storage failed (unreachable endpoint, permissions, ...): a commit left nothing visible, a read changed nothing."""

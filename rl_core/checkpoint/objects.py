@@ -1,6 +1,10 @@
 """The checkpoint store's objects on an fsspec filesystem: where each lives, how they are listed, and the
 writes the commit protocol relies on (whole-or-nothing uploads, exclusive creates, best-effort removal).
 
+Durability on a local disk: every object is fsynced before it is renamed or closed, and its directory after it
+appears, so the commit protocol's order (chunks, then the manifest, then the commit marker) also holds after a power
+loss: a marker never survives without the manifest and chunks it commits.
+
 Exclusive create per backend: local files use ``open(path, "xb")`` (O_EXCL, atomic); ``memory://`` checks then
 creates under a process-wide lock; other backends use ``pipe_file(mode="create")``, which s3fs sends as a
 conditional PUT (``If-None-Match: *``, answered 412 -> FileExistsError). s3fs's ``open(path, "xb")`` is NOT
@@ -9,6 +13,7 @@ exclusive for empty objects, so it is never used here.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import uuid
 from collections.abc import Mapping
@@ -25,6 +30,23 @@ logger = logging.getLogger("rl_core.checkpoint")
 # memory:// implements exclusive create as exists-then-create; its store is process-global, so one
 # process-wide lock makes that pair atomic.
 _MEMORY_CREATE_LOCK = threading.Lock()
+
+
+def _fsync_directory(path: str) -> None:
+    """Make a new or renamed entry of a local directory durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(fs: LocalFileSystem, path: str, data: bytes, mode: str) -> None:
+    """Write a local file and fsync it before it is closed."""
+    with fs.open(path, mode) as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def redact(url: str) -> str:
@@ -70,6 +92,19 @@ class StoreObjects:
 
     def marker_path(self, version: int) -> str:
         return f"{self._root}/versions/{version:08d}.commit"
+
+    def set_aside_markers(self) -> list[str]:
+        """The commit markers of every version ever set aside (oldest name first)."""
+        directory = f"{self._root}/set-aside"
+        self.fs.invalidate_cache(directory)
+        try:
+            return sorted(p for p in self.fs.ls(directory, detail=False) if p.endswith(".commit"))
+        except FileNotFoundError:
+            return []
+
+    def set_aside_path(self, version: int, stamp: str, suffix: str) -> str:
+        """Where a version that failed verification keeps its manifest and marker, out of the version listing."""
+        return f"{self._root}/set-aside/{version:08d}-{stamp}.{suffix}"
 
     # ----------------------------------------------------------------------------------------- listing
 
@@ -147,24 +182,26 @@ class StoreObjects:
             return
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
         try:
-            self.fs.pipe_file(tmp, data)
-            self.fs.mv(tmp, path)
+            _write_durably(self.fs, tmp, data, "wb")
+            os.replace(tmp, path)
         except BaseException:
             self.discard(tmp)
             raise
+        _fsync_directory(os.path.dirname(path))
 
     def create_exclusive(self, path: str, data: bytes) -> None:
         """Create ``path`` holding ``data``; raise FileExistsError if it exists. On failure after creating it
         partially, remove what was created (we own it: nobody else could create it)."""
         self._makedirs(path)
         if isinstance(self.fs, LocalFileSystem):
-            f = self.fs.open(path, "xb")  # O_EXCL
             try:
-                with f:
-                    f.write(data)
+                _write_durably(self.fs, path, data, "xb")  # O_EXCL
+            except FileExistsError:
+                raise
             except BaseException:
                 self.discard(path)
                 raise
+            _fsync_directory(os.path.dirname(path))
         elif isinstance(self.fs, MemoryFileSystem):
             with _MEMORY_CREATE_LOCK:
                 self.fs.pipe_file(path, data, mode="create")

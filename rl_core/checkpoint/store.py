@@ -57,6 +57,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,7 @@ from .errors import (
     StorageError,
     VersionConflictError,
     VersionNotFoundError,
+    _fmt_versions,
 )
 from .gc import collect_garbage
 from .manifest import Manifest
@@ -211,8 +213,9 @@ class CheckpointStore:
     # ------------------------------------------------------------------------------------------- public
 
     def versions(self) -> list[int]:
-        """Committed versions (those with a commit marker), ascending."""
-        return sorted(self._objects.scan()[0])
+        """Committed versions (those with a commit marker), ascending; StorageError naming the store when it cannot
+        be listed."""
+        return sorted(self._storage_call("list versions", lambda: self._objects.scan()[0]))
 
     def latest(self) -> int | None:
         """Newest committed version, or None for an empty store. It may still fail verification: load()
@@ -278,7 +281,7 @@ class CheckpointStore:
         The next commit builds on the loaded version (as its parent, against its base).
         """
         with self._lock:
-            manifest, raws = self._load_verified(version)
+            manifest, raws = self._storage_call("load", lambda: self._load_verified(version))
             self._head = manifest
             if manifest.base is None:
                 self._base = manifest
@@ -328,6 +331,34 @@ class CheckpointStore:
                 except RestoreError as exc:
                     errors[v] = str(exc)
             return {"checked": targets, "errors": errors}
+
+    def set_aside(self, version: int) -> str:
+        """Take the newest committed version, one that fails verification, out of the store: its commit marker and
+        manifest move under ``set-aside/`` (kept for inspection; its chunks stay until gc), so the version before
+        it is the newest and the next commit reuses the number. Returns where they went. Only the newest can go:
+        nothing builds on it yet."""
+        with self._lock:
+            committed = self.versions()
+            if not committed or committed[-1] != version:
+                raise CheckpointError(f"checkpoint store {self._url}: only the newest version can be set aside "
+                                      f"(asked {version}, committed {_fmt_versions(committed)})")
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+            for source, suffix in ((self._objects.marker_path(version), "commit"),
+                                   (self._objects.manifest_path(version), "json")):
+                data = self._storage_call("set a version aside", lambda: self._objects.read(source))
+                target = self._objects.set_aside_path(version, stamp, suffix)
+                self._storage_call("set a version aside", lambda: self._objects.put_whole(target, data))
+                self._storage_call("set a version aside", lambda: self._objects.remove(source))
+            # Start over as a new store instance would: the set-aside version may hold a corrupt object that must be
+            # written again, not trusted as known.
+            self._reader = VersionReader(self._objects, self._url, self._map)
+            self._head = self._base = self._refs = self._pending_base = None
+            self._probes, self._known = _Probes(), {}
+            return self._objects.set_aside_path(version, stamp, "*")
+
+    def set_aside_count(self) -> int:
+        """How many versions were ever set aside: each one started a new line of versions after it."""
+        return len(self._storage_call("list set-aside versions", self._objects.set_aside_markers))
 
     def gc(
         self,
@@ -392,7 +423,8 @@ class CheckpointStore:
         return list(self._pool.map(lambda it: fn(*it), items))
 
     def _storage_call(self, what: str, fn: Callable[[], Any]) -> Any:
-        """Run a storage operation of a commit; backend failures become StorageError naming the store URL."""
+        """Run a storage operation; backend failures (an unreachable endpoint, no permission) become StorageError
+        naming the store URL. A corrupt or missing object is a CheckpointError of its own and passes through."""
         try:
             return fn()
         except CheckpointError:
@@ -517,10 +549,12 @@ class CheckpointStore:
             raise
 
     def _storage_error(self, what: str, exc: BaseException) -> StorageError:
-        return StorageError(
-            f"checkpoint store {self._url}: could not {what} ({type(exc).__name__}: {exc}); nothing of this "
-            "commit is visible, commit again when storage is reachable"
-        )
+        if what in ("list versions", "load"):
+            consequence = "nothing was read or changed; try again when storage is reachable"
+        else:
+            consequence = "nothing of this commit is visible, commit again when storage is reachable"
+        return StorageError(f"checkpoint store {self._url}: could not {what} ({type(exc).__name__}: {exc}); "
+                            f"{consequence}")
 
     # ----------------------------------------------------------------------------------------- reading
 

@@ -28,6 +28,26 @@ AGENT_CONTINUABLE_FIELDS = {"iterations", "eval_problems", "storage.url", "stora
                             "storage.epoch_checkpoint_min_s", "collective_timeout_s", "env.num_workers"}
 
 
+class RunInfoError(RuntimeError):
+    """A run's run.json exists but cannot be read as one."""
+
+
+def read_run_json(fs: fsspec.AbstractFileSystem, path: str, url: str) -> dict:
+    """The stored run.json; a clear error naming it when it is truncated or not a run's (FileNotFoundError passes:
+    callers say what a missing one means)."""
+    blob = fs.cat_file(path)
+    try:
+        stored = json.loads(blob)
+        if not isinstance(stored, dict) or not isinstance(stored.get("config"), dict) or "incarnation" not in stored:
+            raise ValueError("expected an object with 'incarnation' and 'config'")
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise RunInfoError(f"{url} is not a readable run.json ({len(blob)} bytes; {type(err).__name__}: {err}): it "
+                           "records the run's configuration and incarnation. Restore it from a backup, or start a new "
+                           "--run-name; the run's checkpoints are untouched (gymflow ckpt verify <run>/checkpoints)"
+                           ) from None
+    return stored
+
+
 @dataclass(frozen=True)
 class RunInfo:
     incarnation: str
@@ -60,9 +80,10 @@ def load_run_config(store: str, run_name: str) -> RunConfig:
     """The configuration run ``run_name`` under ``store`` was started with (its run.json), with ``store`` as
     given (the run may have been moved since), for steps that act on an existing run."""
     located = RunConfig.model_validate({"run_name": run_name, "storage": {"url": store}, "iterations": 1})
-    fs, path = fsspec.core.url_to_fs(RunLayout(located.run_url).run_info)
+    url = RunLayout(located.run_url).run_info
+    fs, path = fsspec.core.url_to_fs(url)
     try:
-        stored = json.loads(fs.cat_file(path))
+        stored = read_run_json(fs, path, url)
     except FileNotFoundError:
         raise ConfigError(f"no run {run_name!r} under {located.storage.url} ({path} does not exist); "
                           "check --run-name and --store") from None
@@ -80,7 +101,7 @@ def open_run(cfg: AnyRunConfig) -> RunInfo:
     fs, path = fsspec.core.url_to_fs(layout.run_info)
     current = cfg.model_dump(mode="json")
     if fs.exists(path):
-        stored = json.loads(fs.cat_file(path))
+        stored = read_run_json(fs, path, layout.run_info)
         before, now = _comparable(stored["config"]), _comparable(current)
         changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
         if changed:

@@ -9,6 +9,7 @@ import fsspec
 
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config import ConfigError
+from rl_core.data.run_info import read_run_json
 from rl_core.data.run_layout import RunLayout
 
 
@@ -27,7 +28,7 @@ def describe_run(store_url: str, name: str) -> dict[str, Any]:
     """One run's row (see the module's docstring)."""
     layout = RunLayout(f"{store_url.rstrip('/')}/{name}")
     fs, run_json = fsspec.core.url_to_fs(layout.run_info)
-    stored = json.loads(fs.cat_file(run_json))
+    stored = read_run_json(fs, run_json, layout.run_info)
     config = stored["config"]
     agent = config.get("flow") == "agent"
     env = config["env"]["name"] if isinstance(config.get("env"), dict) else config.get("env")

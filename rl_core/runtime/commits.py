@@ -45,15 +45,33 @@ def join_env_states(experience: list[str]) -> Tensors:
             for key in (parts[0] if parts else {}) if key.startswith(ENV_STATE_PREFIX)}
 
 
+def newest_valid_version(store: CheckpointStore) -> tuple[int | None, list[str]]:
+    """The newest committed version that verifies (every object and decoded chunk), and what was set aside to find
+    it: a newer version that fails (a chunk corrupted or lost, say by a power loss) is set aside, one message each
+    naming the store, the version and the failure, so a resumed run continues from the version before it instead
+    of failing on every retry."""
+    set_aside: list[str] = []
+    while (latest := store.latest()) is not None:
+        errors = store.verify(latest)["errors"]
+        if not errors:
+            return latest, set_aside
+        where = store.set_aside(latest)
+        set_aside.append(f"checkpoint version {latest} of {store.url} fails verification ({errors[latest]}); set "
+                         f"aside ({where}): the run continues from version {store.latest()}")
+    return None, set_aside
+
+
 def commit_initial(cfg: RunConfig, learner_state: Tensors | Callable[[], Tensors]) -> dict:
-    """Version 0 (the initial learner; envs start fresh from the seed), unless the run already has versions.
+    """Where the run stands: its newest valid version (see `newest_valid_version`; its `set_aside` messages are in
+    the summary, and `lineage`, how many versions were ever set aside), or version 0 (the initial learner; envs
+    start fresh from the seed) for a run without one.
     `learner_state` may be a function giving it, called only when version 0 is to be committed."""
     store = _store(cfg)
-    latest = store.latest()
+    latest, set_aside = newest_valid_version(store)
     if latest is None:
         state = learner_state() if callable(learner_state) else learner_state
         latest = store.commit(state, _meta(cfg, 0, [], None))
-    return _summary(store, latest)
+    return {**_summary(store, latest), "set_aside": set_aside, "lineage": store.set_aside_count()}
 
 
 def remove_staged(uris: list[str]) -> None:

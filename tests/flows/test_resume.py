@@ -110,3 +110,47 @@ def test_sigkill_mid_iteration_then_resume(tmp_path, reference) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["policy_sha256"] == reference["policy_sha256"]
+
+
+def _chunk_only_in(store: CheckpointStore, version: int) -> str:
+    """A chunk object that `version` added (no earlier version refers to it)."""
+    def shas(v: int) -> set[str]:
+        return {c["chunk"] for e in store.manifest(v)["tensors"].values() for c in e["chunks"] if c["codec"] != "same"}
+
+    older = set().union(*(shas(v) for v in range(version)))
+    return sorted(shas(version) - older)[0]
+
+
+def test_a_corrupt_newest_version_is_set_aside_and_the_rerun_ends_bit_identical(tmp_path, reference) -> None:
+    """A chunk of the newest version corrupted on disk (bit rot, a torn write): the rerun warns, naming the run,
+    version, tensor and chunk, continues from the version before it, and ends where the uninterrupted run ends."""
+    from flows.train_control import train_control
+
+    store_url = f"file://{tmp_path}/runs"
+    train_control(preset="tiny", store=store_url, run_name="rotted", seed=SEED, iterations=ITERATIONS - 1)
+    checkpoints = CheckpointStore(f"{tmp_path}/runs/rotted/checkpoints")
+    sha = _chunk_only_in(checkpoints, ITERATIONS - 1)
+    chunk = tmp_path / "runs" / "rotted" / "checkpoints" / "chunks" / sha[:2] / sha
+    chunk.write_bytes(chunk.read_bytes()[:-7] + b"garbage")
+    state = train_control(preset="tiny", store=store_url, run_name="rotted", seed=SEED, iterations=ITERATIONS,
+                          return_state=True)
+    assert state.result()["policy_sha256"] == reference["policy_sha256"]
+    assert CheckpointStore(f"{tmp_path}/runs/rotted/checkpoints").verify()["errors"] == {}
+    warned = [m for m in _log_messages(state.state_details.flow_run_id) if "fails verification" in m]
+    assert len(warned) == 1 and f"version {ITERATIONS - 1}" in warned[0] and sha[:12] in warned[0]
+    assert "rotted" in warned[0] and "set aside" in warned[0]
+    assert [p.name for p in (tmp_path / "runs" / "rotted" / "checkpoints" / "set-aside").glob("*.commit")][0].startswith(
+        f"{ITERATIONS - 1:08d}-")
+
+
+def _log_messages(flow_run_id) -> list[str]:
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+
+    return [log.message for log in asyncio.run(read())]
