@@ -6,7 +6,7 @@ marker file in `GYMFLOW_FAULT_DIR` (required when faults are set), so the retrie
 raises InjectedFault; with `action=kill` it SIGKILLs the process that reached the point (a crashed actor), with
 `action=stall` that process stops there for an hour (a hung step, or a moment for a drill to kill the whole run).
 Unset: no-op.
-Env workers and trainer ranks receive the GYMFLOW_* variables of the driver (see `gymflow_env_vars`).
+Ray actors receive the driver's GYMFLOW_* settings that workers act on (see `gymflow_env_vars`), never others.
 """
 from __future__ import annotations
 
@@ -22,9 +22,15 @@ class InjectedFault(RuntimeError):
     """Raised at a fault-injection point; never raised unless GYMFLOW_FAULTS asks for it."""
 
 
+WORKER_SETTINGS = ("GYMFLOW_FAULTS", "GYMFLOW_FAULT_DIR", "GYMFLOW_KERNELS", "GYMFLOW_KERNELS_COMPILE",
+                   "GYMFLOW_CACHE_DIR")
+"""The GYMFLOW_* variables Ray workers act on. Others (a kernel proposer's URL and API key, metric sinks, the UI's
+home) stay with the driver: a runtime_env is stored by Ray and shown in its logs and dashboard."""
+
+
 def gymflow_env_vars() -> dict[str, str]:
-    """The driver's GYMFLOW_* settings, to hand to Ray actors (a cluster's workers do not inherit them)."""
-    return {k: v for k, v in os.environ.items() if k.startswith("GYMFLOW_")}
+    """The driver's settings in `WORKER_SETTINGS`, to hand to Ray actors (a cluster's workers do not inherit them)."""
+    return {k: os.environ[k] for k in WORKER_SETTINGS if k in os.environ}
 
 
 def maybe_fail(point: str, **context: object) -> None:
