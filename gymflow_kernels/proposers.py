@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import functools
 import os
 import re
 import subprocess
@@ -142,6 +143,40 @@ def evaluate_proposals(
     return [_evaluate(op, shape, source, proposer.name, seeds, min_run_time, timeout_s) for source in sources]
 
 
+SANDBOX_MEMORY_BYTES = 8 << 30  # address space of a proposal's process: torch's own mappings take ~3 GiB
+KEPT_VARIABLES = ("PATH", "LANG", "LC_ALL", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _sandbox_env(tmp: str) -> dict[str, str]:
+    """A scrubbed environment: no credentials (AWS_*, the proposer's API key), home and temp in the proposal's
+    own directory; the package found through PYTHONPATH, whatever the working directory."""
+    env = {k: os.environ[k] for k in KEPT_VARIABLES if k in os.environ}
+    return {**env, "HOME": tmp, "TMPDIR": tmp, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
+
+
+def _limit_resources(timeout_s: float) -> None:
+    """In the child before it runs: CPU seconds (the wall-clock timeout's twin) and address space."""
+    import resource
+
+    cpu = max(1, int(timeout_s))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    resource.setrlimit(resource.RLIMIT_AS, (SANDBOX_MEMORY_BYTES, SANDBOX_MEMORY_BYTES))
+
+
+@functools.cache
+def _no_network() -> tuple[str, ...]:
+    """`unshare -n` (a network namespace with no interface up) where this machine allows it, else nothing: the
+    proposal then still runs with a scrubbed environment and limits, and the tuner's report says so once."""
+    try:
+        works = subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        works = False
+    if not works:
+        print("kernel proposals run without network isolation: `unshare -n` is not permitted here", file=sys.stderr)
+    return ("unshare", "-n") if works else ()
+
+
 def _evaluate(
     op: Op, shape: dict, source: str, origin: str, seeds: int, min_run_time: float, timeout_s: float
 ) -> CandidateResult:
@@ -150,11 +185,11 @@ def _evaluate(
     with tempfile.TemporaryDirectory(prefix="gymflow-proposal-") as tmp:
         path = Path(tmp) / f"{op.name}_{digest}.py"
         path.write_text(source)
-        command = [sys.executable, "-m", "gymflow_kernels.sandbox", op.name, json.dumps(shape), str(path), str(seeds),
-                   str(min_run_time)]
+        command = [*_no_network(), sys.executable, "-m", "gymflow_kernels.sandbox", op.name, json.dumps(shape),
+                   str(path), str(seeds), str(min_run_time)]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                                  cwd=Path(__file__).resolve().parents[1])
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=tmp,
+                                  env=_sandbox_env(tmp), preexec_fn=lambda: _limit_resources(timeout_s))
         except subprocess.TimeoutExpired:
             return CandidateResult(name, verified=False, reason=f"killed after the {timeout_s:g} s timeout")
     lines = done.stdout.strip().splitlines()

@@ -2,8 +2,10 @@
 
     python -m gymflow_kernels.sandbox OP SHAPE_JSON SOURCE_PATH SEEDS MIN_RUN_TIME
 
-Run by `kernels.proposers` under a timeout: the proposal is executed only here, never in the tuner's process. It
-goes through exactly the tuner's own verify-and-time step (`tune_bucket`), as the op's only candidate.
+Run by `kernels.proposers` under a timeout: the proposal is executed only here, never in the tuner's process, with
+a scrubbed environment (no credentials), in a temporary directory, without network where `unshare -n` is allowed,
+and under CPU-time and address-space limits. It goes through exactly the tuner's own verify-and-time step
+(`tune_bucket`), as the op's only candidate.
 """
 
 from __future__ import annotations

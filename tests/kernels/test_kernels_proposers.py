@@ -139,3 +139,42 @@ def test_unreachable_endpoint_is_reported_not_raised() -> None:
 def test_extract_code_takes_the_first_fenced_block_or_the_whole_reply() -> None:
     assert extract_code(WRONG).startswith("import torch")
     assert extract_code("def candidate(): pass") == "def candidate(): pass"
+
+
+class _Fixed:
+    """A proposer of fixed sources."""
+
+    name = "fixed"
+
+    def __init__(self, *sources: str) -> None:
+        self.sources = list(sources)
+
+    def propose(self, op, n: int) -> list[str]:
+        return self.sources[:n]
+
+
+def test_a_proposal_runs_without_credentials_network_or_unbounded_memory(monkeypatch, tmp_path) -> None:
+    import socket
+
+    monkeypatch.setenv("GYMFLOW_KERNEL_PROPOSER_API_KEY", "sk-secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    spy = ("import os, socket\n"
+           "seen = sorted(k for k in os.environ if 'SECRET' in k or 'API_KEY' in k)\n"
+           "try:\n"
+           f"    socket.create_connection(('127.0.0.1', {port}), timeout=2).close(); net = 'connected'\n"
+           "except OSError as err:\n"
+           "    net = type(err).__name__\n"
+           "raise RuntimeError(f'env={seen} net={net} cwd={os.getcwd()}')\n")
+    hog = "big = bytearray(16 << 30)\n"
+    try:
+        spied, hogged = evaluate_proposals(kernels.get_op("gae"), SHAPE, _Fixed(spy, hog), n=2, min_run_time=0.005,
+                                           timeout_s=60)
+    finally:
+        listener.close()
+    assert "env=[]" in spied.reason and "cwd=/" in spied.reason and "gymflow-proposal-" in spied.reason
+    assert "net=connected" not in spied.reason
+    assert not hogged.verified and "MemoryError" in hogged.reason
