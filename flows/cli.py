@@ -178,6 +178,7 @@ def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: C
     from rich.console import Console
 
     from flows import progress
+    from flows.orphan_guard import guard
     from flows.startup import start_api_and_actors
     from rl_core.config import require_shared_store
 
@@ -187,6 +188,7 @@ def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: C
     options = {name: getattr(args, name) for name in table}
     cfg = build(**options)  # fails here, before anything starts, on a bad value
     require_shared_store(cfg.storage.url)
+    guard()  # what this command starts (Prefect's temporary API, Ray) ends with it, even when it is SIGKILLed
     # A credentials block is read through the API, and Ray's workers must start with what it holds: then the flow
     # starts Ray itself, once the credentials are exported.
     actors = None if args.store_credentials_block else start_api_and_actors(actors_of(cfg))
@@ -210,7 +212,9 @@ def _quiet_prefect(verbose: bool) -> None:
 
 def _evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from flows.evaluate import evaluate_policy
+    from flows.orphan_guard import guard
 
+    guard()
     _quiet_prefect(verbose=False)
     return evaluate_policy(args.run, args.store, args.version, args.episodes, video=args.video,
                            video_format=args.video_format)

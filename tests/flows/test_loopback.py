@@ -32,7 +32,7 @@ def _loopback(address: str) -> bool:
     return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback  # ::ffff:127.0.0.1 is 127.0.0.1
 
 
-@pytest.mark.parametrize("command", ["train", "train-agent"])
+@pytest.mark.parametrize("command", ["train", pytest.param("train-agent", marks=pytest.mark.chaos)])
 def test_a_run_opens_no_port_beyond_loopback(tmp_path, command) -> None:
     cmd = [sys.executable, "-m", "flows.cli", command, "--preset", "tiny", "--iterations", "3", "--store",
            f"file://{tmp_path}/runs"]

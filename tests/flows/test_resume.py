@@ -5,6 +5,7 @@ actors; the SIGKILL test kills a real `python -m flows.cli train` process group 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -112,6 +113,51 @@ def test_sigkill_mid_iteration_then_resume(tmp_path, reference) -> None:
     assert summary["policy_sha256"] == reference["policy_sha256"]
 
 
+@pytest.mark.chaos
+def test_sigkill_of_the_main_process_alone_leaves_nothing_running_then_resume(tmp_path, reference) -> None:
+    """What the OOM killer does: SIGKILL the command's own process only. Everything it started (Prefect's temporary
+    API server, Ray and its workers) ends by itself within a minute; the same command then finishes the run."""
+    import psutil
+
+    store = f"file://{tmp_path}/runs"
+    cmd = [sys.executable, "-m", "flows.cli", "train", "--preset", "tiny", "--run-name", "oom",
+           "--seed", str(SEED), "--iterations", str(ITERATIONS), "--store", store]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    versions = tmp_path / "runs" / "oom" / "checkpoints" / "versions"
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while not (versions / "00000001.commit").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the run never committed version 1"
+        time.sleep(0.05)
+    started = psutil.Process(proc.pid).children(recursive=True)
+    assert any("uvicorn" in " ".join(p.cmdline()) for p in started), "the command's Prefect API is not a child"
+    proc.kill()
+    proc.wait()
+
+    def running() -> list[str]:
+        alive = []
+        for p in started:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{p.pid} {' '.join(p.cmdline())[:100]}")
+            except psutil.NoSuchProcess:
+                continue
+        return alive
+
+    deadline = time.monotonic() + 60
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = running()
+    for p in started:  # never leave them to the next test, whatever the assertion says
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    assert not left, f"still running a minute after the command was killed: {left}"
+    done = subprocess.run(cmd, env=env, start_new_session=True, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["policy_sha256"] == reference["policy_sha256"]
+
+
 def _chunk_only_in(store: CheckpointStore, version: int) -> str:
     """A chunk object that `version` added (no earlier version refers to it)."""
     def shas(v: int) -> set[str]:
@@ -121,6 +167,7 @@ def _chunk_only_in(store: CheckpointStore, version: int) -> str:
     return sorted(shas(version) - older)[0]
 
 
+@pytest.mark.chaos
 def test_a_corrupt_newest_version_is_set_aside_and_the_rerun_ends_bit_identical(tmp_path, reference) -> None:
     """A chunk of the newest version corrupted on disk (bit rot, a torn write): the rerun warns, naming the run,
     version, tensor and chunk, continues from the version before it, and ends where the uninterrupted run ends."""
