@@ -2,21 +2,26 @@
 from __future__ import annotations
 
 from prefect import get_run_logger
+from prefect.runtime import flow_run
 
 from flows.store_credentials import export_store_credentials
 from rl_core.agent_config import AnyRunConfig
 from rl_core.config import require_shared_store
 from rl_core.data.run_info import RunInfo, open_run
+from rl_core.data.run_lease import RunLease
 
 
-def start_run(cfg: AnyRunConfig, credentials_block: str | None) -> RunInfo:
+def start_run(cfg: AnyRunConfig, credentials_block: str | None) -> tuple[RunInfo, RunLease]:
     """Export the block's credentials (before anything touches the store or starts Ray, whose workers inherit them),
-    then create or check the run's run.json; logs whether the run is new or continued."""
+    create or check the run's run.json, and take the run's lease (one flow run trains a run at a time: RunBusy
+    names the holder); logs whether the run is new or continued. The flow releases the lease when it ends."""
     logger = get_run_logger()
     require_shared_store(cfg.storage.url)
     if credentials_block:
         names = export_store_credentials(credentials_block)
         logger.info("store credentials from block %s: set %s", credentials_block, ", ".join(names))
     run = open_run(cfg)
+    lease = RunLease(cfg.run_url, cfg.run_name, flow_run.id)
+    lease.acquire()
     logger.info("run %s (%s) at %s", cfg.run_name, "new" if run.is_new else "continued", cfg.run_url)
-    return run
+    return run, lease

@@ -59,7 +59,7 @@ def train_agent(**options: Any) -> dict:
     credentials = options.pop("store_credentials_block", None)
     cfg = build_agent_config(**options)
     logger = get_run_logger()
-    run = start_run(cfg, credentials)
+    run, lease = start_run(cfg, credentials)
     actors = AgentActors(cfg)
     parity: list[float] = []
     report: RunReport | None = None
@@ -109,6 +109,7 @@ def train_agent(**options: Any) -> dict:
         final = evaluate(cfg, actors, incarnation, version)
     finally:
         actors.release()
+        lease.release()
         if report is not None:
             report.publish(final and {"accuracy_sft": warm["accuracy"], "accuracy_final": final["accuracy"],
                                       "mean_reward_sft": warm["mean_reward"], "mean_reward_final": final["mean_reward"],

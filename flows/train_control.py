@@ -56,7 +56,7 @@ def train_control(**options: Any) -> dict:
     credentials = options.pop("store_credentials_block", None)
     cfg = build_config(**options)
     logger = get_run_logger()
-    run = start_run(cfg, credentials)
+    run, lease = start_run(cfg, credentials)
     actors = RunActors(cfg)
     report: RunReport | None = None
     result = None
@@ -104,6 +104,7 @@ def train_control(**options: Any) -> dict:
             render_final_version(cfg, version)
     finally:
         actors.release()
+        lease.release()
         if report is not None:
             report.publish(result and {k: result[k] for k in HEADLINE if k in result})
     storage = storage_report(cfg)

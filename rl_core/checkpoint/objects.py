@@ -84,6 +84,11 @@ class StoreObjects:
 
     # ------------------------------------------------------------------------------------------- paths
 
+    @property
+    def root(self) -> str:
+        """The store's folder as the filesystem names it (no scheme)."""
+        return self._root
+
     def chunk_path(self, sha: str) -> str:
         return f"{self._root}/chunks/{sha[:2]}/{sha}"
 

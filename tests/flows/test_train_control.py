@@ -164,3 +164,34 @@ def test_a_run_that_asks_for_a_video_renders_its_final_version(tmp_path) -> None
     frames = iio.imread(tmp_path / "runs" / "film" / "videos" / "v00000002.mp4")
     assert state.result()["iterations"] == 2 and len(frames) > 1 and frames.std() > 0
     assert "v00000002.mp4" in artifacts(state.state_details.flow_run_id)["film-video"].data
+
+
+def test_a_second_flow_on_a_run_in_progress_stops_naming_the_first_and_changes_nothing(tmp_path) -> None:
+    """Two flow runs of one run name at once: the first trains (here: stalled mid-update of iteration 1), the second
+    stops at its start with RunBusy naming the first; every committed version still verifies."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from flows.train_control import train_control
+    from rl_core.data.run_lease import RunBusy
+
+    store = f"file://{tmp_path}/runs"
+    env = {**os.environ, "GYMFLOW_FAULTS": "train.epoch_end:iteration=1,rank=0,epoch=1,action=stall",
+           "GYMFLOW_FAULT_DIR": str(tmp_path)}
+    first = subprocess.Popen([sys.executable, "-m", "flows.cli", "train", "--preset", "tiny", "--run-name", "busy",
+                              "--iterations", "3", "--store", store], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while not (tmp_path / "runs" / "busy" / "checkpoints" / "versions" / "00000001.commit").exists():
+            assert first.poll() is None and time.monotonic() < deadline, "the first run never committed version 1"
+            time.sleep(0.1)
+        with pytest.raises(RunBusy, match=rf"run 'busy' at .* is being trained by another flow run .*process "
+                                          rf"{first.pid}"):
+            train_control(preset="tiny", store=store, run_name="busy", iterations=3)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert CheckpointStore(f"{tmp_path}/runs/busy/checkpoints").verify()["errors"] == {}
