@@ -20,6 +20,7 @@ import json
 import functools
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -144,6 +145,7 @@ def evaluate_proposals(
 
 
 SANDBOX_MEMORY_BYTES = 8 << 30  # address space of a proposal's process: torch's own mappings take ~3 GiB
+SANDBOX_IMPORT_CPU_S = 30
 KEPT_VARIABLES = ("PATH", "LANG", "LC_ALL", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -155,12 +157,18 @@ def _sandbox_env(tmp: str) -> dict[str, str]:
             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
 
 
+def _cpu_seconds(timeout_s: float) -> int:
+    """The CPU-time limit: what the wall-clock timeout allows on every core, plus importing torch, so a loop meets
+    the timeout first and only a proposal burning many threads meets this."""
+    return int(timeout_s * (os.cpu_count() or 1)) + SANDBOX_IMPORT_CPU_S
+
+
 def _limit_resources(timeout_s: float) -> None:
-    """In the child before it runs: CPU seconds (the wall-clock timeout's twin) and address space."""
+    """In the child before it runs: CPU seconds (SIGXCPU at the limit) and address space."""
     import resource
 
-    cpu = max(1, int(timeout_s))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    cpu = _cpu_seconds(timeout_s)
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
     resource.setrlimit(resource.RLIMIT_AS, (SANDBOX_MEMORY_BYTES, SANDBOX_MEMORY_BYTES))
 
 
@@ -193,6 +201,9 @@ def _evaluate(
         except subprocess.TimeoutExpired:
             return CandidateResult(name, verified=False, reason=f"killed after the {timeout_s:g} s timeout")
     lines = done.stdout.strip().splitlines()
+    if done.returncode == -signal.SIGXCPU:
+        return CandidateResult(name, verified=False,
+                               reason=f"killed at its CPU-time limit ({_cpu_seconds(timeout_s)} s)")
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return CandidateResult(name, verified=False, reason=f"sandbox exited with {done.returncode}: {tail}")
