@@ -53,7 +53,7 @@ class GRPOConfig(AlgorithmConfig):
 class AgentEnvConfig(BaseModel):
     """Which agent env the run trains on, and how many Ray env workers simulate for it (physics-in-the-loop)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     module: Optional[str] = Field(None, description="Python module imported first to register your own agent envs.",
                                   json_schema_extra=option("env_module"))
@@ -82,7 +82,7 @@ class AgentEnvConfig(BaseModel):
 class ModelConfig(BaseModel):
     """The policy: a small Llama built here (from the env's alphabet and the sizes below) or loaded from `path`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     path: Optional[str] = Field(None, description="The model to train: a directory written by save_pretrained, any "
                                 "Hugging Face Llama-architecture model directory, or a .gguf file (local paths; "
@@ -112,7 +112,7 @@ class ModelConfig(BaseModel):
 class SamplingConfig(BaseModel):
     """How rollouts draw tokens; the trainer recomputes log-probs of exactly this distribution."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     temperature: float = Field(1.0, gt=0, description="Divides the logits.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus mass kept (1: off).")
@@ -123,7 +123,7 @@ class SamplingConfig(BaseModel):
 class SFTConfig(BaseModel):
     """The supervised warm start of a new run: next-token loss on the env's scripted demonstrations."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     steps: int = Field(600, ge=0, description="SFT Adam steps of a new run (0: RL starts from the initial weights).",
                        json_schema_extra=option("sft_steps"))
@@ -136,7 +136,7 @@ class SFTConfig(BaseModel):
 class AgentRunConfig(BaseModel):
     """Everything that defines one agent run; equal configs give bit-identical weights on CPU."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     SECTIONS: ClassVar[tuple[str, ...]] = ("env", "model", "sampling", "sft", "storage", "algorithm")
 
     flow: Literal["agent"] = "agent"

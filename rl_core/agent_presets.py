@@ -41,7 +41,7 @@ def build_agent_config(preset: str = "quick", **options: Any) -> AgentRunConfig:
         raise ConfigError(str(err)) from None
     layered = copy.deepcopy(AGENT_PRESETS[preset])
     for key, value in given.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and key in AgentRunConfig.SECTIONS:  # a section: merged into the preset's
             layered.setdefault(key, {}).update(value)
         else:
             layered[key] = value

@@ -43,7 +43,7 @@ def option(name: str) -> dict[str, str]:
 class AlgorithmConfig(BaseModel):
     """The algorithm section: `name` picks the registered algorithm whose subclass holds the section's fields."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(description="Registered algorithm.", json_schema_extra=option("algorithm"))
 
@@ -102,7 +102,7 @@ class PPOConfig(AlgorithmConfig):
 class EnvConfig(BaseModel):
     """What is simulated and how the envs are split over Ray env workers."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     # `module` before `name`: fields validate in order, and the module registers the tasks `name` may name.
     module: Optional[str] = Field(
@@ -144,7 +144,7 @@ class EnvConfig(BaseModel):
 class StorageConfig(BaseModel):
     """Where the run's folder lives and how often state is checkpointed."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     url: str = Field("file://./runs", description="fsspec URL under which the run's folder lives: file://, "
                      "memory:// or s3://bucket/prefix.", json_schema_extra=option("store"), validate_default=True)
@@ -172,7 +172,7 @@ class StorageConfig(BaseModel):
 class RunConfig(BaseModel):
     """Everything that defines one training run; two runs with equal configs produce equal weights."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     SECTIONS: ClassVar[tuple[str, ...]] = ("env", "storage", "algorithm")
 
     run_name: str = Field(description="Names the run's folder in the store; the same name continues the run.")

@@ -82,7 +82,7 @@ def build_config(preset: str = "quick", *, hyperparameters: dict[str, Any] | Non
         raise ConfigError(str(err)) from None
     layered = copy.deepcopy({k: v for k, v in PRESETS[preset].items() if k != "algorithm"})
     for key, value in given.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and key in RunConfig.SECTIONS:  # a section: merged into the preset's
             layered.setdefault(key, {}).update(value)
         else:
             layered[key] = value

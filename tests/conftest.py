@@ -22,6 +22,12 @@ import shutil  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# Property tests (tests/*/test_*_fuzz.py): 50 cases each, no per-case deadline (a CI machine under load is slow, not
+# wrong), and no example database left in the checkout; a failing case is printed with its reproduction.
+settings.register_profile("gymflow", max_examples=50, deadline=None, database=None)
+settings.load_profile("gymflow")
 
 
 @pytest.fixture(scope="session")

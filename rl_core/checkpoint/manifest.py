@@ -32,6 +32,7 @@ version".
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from datetime import datetime, timezone
@@ -45,6 +46,12 @@ from .codec import available_codecs, get_codec
 __all__ = ["SCHEMA_VERSION", "ChunkEntry", "Manifest", "TensorEntry", "utc_now_iso"]
 
 SCHEMA_VERSION = 3
+MARKER_DIGEST_KEY = "manifest_sha256"
+
+
+def commit_marker(manifest_bytes: bytes) -> bytes:
+    """The commit marker's content: the sha256 of the manifest's exact bytes, which the reader checks."""
+    return json.dumps({MARKER_DIGEST_KEY: hashlib.sha256(manifest_bytes).hexdigest()}).encode()
 
 _SHA256_HEX = r"^[0-9a-f]{64}$"
 _XXH3_128_HEX = r"^[0-9a-f]{32}$"
@@ -137,6 +144,12 @@ class TensorEntry(BaseModel):
         """Reject entries a restore could not follow, so a bad manifest fails on parse, not mid-restore."""
         if any(d < 0 for d in self.shape):
             raise ValueError(f"shape {self.shape} has a negative dimension")
+        # numpy's own limits (at most 64 dimensions, sizes that fit), checked without allocating: np.empty of no
+        # elements allocates nothing, and a non-empty tensor's size is its nbytes, which the restore allocates anyway
+        try:
+            np.empty(self.shape if math.prod(self.shape) == 0 else [0] * len(self.shape), dtype=self.dtype)
+        except ValueError as exc:
+            raise ValueError(f"shape {self.shape} is not one numpy can hold ({exc})") from None
         expected = math.prod(self.shape) * np.dtype(self.dtype).itemsize
         if self.nbytes != expected:
             raise ValueError(f"nbytes {self.nbytes} != prod(shape {self.shape}) * itemsize ({expected})")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import uuid
 from collections.abc import Mapping
@@ -56,6 +57,15 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def _check_scheme(url: str) -> None:
+    """Refuse a URL whose scheme fsspec has no filesystem for, naming the URL. fsspec's own error names the scheme
+    only, and it reads a one-letter scheme ("z://bucket") as a Windows drive, i.e. a local folder named "z:"."""
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", url)
+    if scheme and scheme.group(1).lower() not in fsspec.available_protocols():
+        raise ValueError(f"checkpoint store {redact(url)}: no storage backend for the scheme {scheme.group(1)!r}; use "
+                         "file://, s3:// (s3fs), memory:// or another scheme fsspec knows, or a plain local path")
+
+
 def mtime(info: Mapping[str, Any]) -> float | None:
     """Modification time (seconds since the epoch) from an fsspec info dict, None when the backend has none."""
     for key in ("mtime", "LastModified", "last_modified", "created", "ctime"):
@@ -76,6 +86,7 @@ class StoreObjects:
     """The objects under one store URL (layout in ``store.py``'s docstring): chunks, manifests, commit markers."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        _check_scheme(url)
         self.fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
         protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
         self.local = bool(protocols & {"file", "local", "memory"})
@@ -227,6 +238,22 @@ class StoreObjects:
             return
         if existing and data.startswith(existing):
             self.discard(path)
+
+    def landed(self, path: str, data: bytes) -> bool | None:
+        """After an exclusive create of ``path`` reported an error: did ``data`` land whole (True), or not at all
+        (False; a prefix a backend without atomic uploads left is removed)? None: storage cannot tell."""
+        try:
+            existing = self.read_fresh(path)
+        except FileNotFoundError:
+            return False
+        except Exception:  # noqa: BLE001 - unreachable storage: cannot tell
+            return None
+        if existing == data:
+            return True
+        if data.startswith(existing):
+            self.discard(path)
+            return False
+        return None
 
     def discard(self, path: str) -> None:
         """Best-effort removal of an object this commit created; never masks the error being handled."""

@@ -2,6 +2,7 @@
 bytes, each object checked against its sha256 on read and each decoded chunk against the manifest's hash."""
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -10,8 +11,14 @@ import numpy as np
 
 from .chunks import raw_hash_matches, sha256_hex
 from .codec import decode_full, get_codec
-from .errors import ChunkCorruptError, ChunkMissingError, ManifestCorruptError, RestoreError, VersionNotFoundError
-from .manifest import ChunkEntry, Manifest, TensorEntry
+from .errors import (
+    ChunkCorruptError,
+    ChunkMissingError,
+    ManifestCorruptError,
+    RestoreError,
+    VersionNotFoundError,
+)
+from .manifest import MARKER_DIGEST_KEY, ChunkEntry, Manifest, TensorEntry
 from .objects import StoreObjects
 
 logger = logging.getLogger("rl_core.checkpoint")
@@ -54,6 +61,7 @@ class VersionReader:
             data = self._objects.read(path)
         except FileNotFoundError:
             raise corrupt(f"manifest {path} does not exist") from None
+        self._check_against_marker(version, path, data, corrupt)
         try:
             manifest = Manifest.from_json_bytes(data)
         except ValueError as exc:
@@ -62,6 +70,26 @@ class VersionReader:
             raise corrupt(f"manifest {path} says it is version {manifest.version}")
         self._manifests[version] = manifest
         return manifest
+
+    def _check_against_marker(self, version: int, path: str, data: bytes,
+                              corrupt: Callable[[str], ManifestCorruptError]) -> None:
+        """A manifest edited in storage can stay a valid manifest (another dtype, shape or name, other meta) and
+        would then restore the verified chunk bytes as something else; the commit marker records the manifest's
+        sha256, so any change is caught. An empty marker was written before markers held it: nothing to check."""
+        marker_path = self._objects.marker_path(version)
+        try:
+            marker = self._objects.read(marker_path)
+        except FileNotFoundError:
+            raise corrupt(f"commit marker {marker_path} is gone (deleted while reading?)") from None
+        if not marker:
+            return
+        try:
+            recorded = json.loads(marker)[MARKER_DIGEST_KEY]
+        except (ValueError, KeyError, TypeError):
+            raise corrupt(f"commit marker {marker_path} is damaged ({marker[:80]!r})") from None
+        if recorded != sha256_hex(data):
+            raise corrupt(f"manifest {path} is not the one committed: its sha256 differs from the one its commit "
+                          "marker recorded (edited or damaged in storage)")
 
     def restore(self, version: int) -> tuple[Manifest, dict[str, np.ndarray]]:
         """Verified raw bytes (read-only flat uint8) of every tensor of ``version``, chunks decoded on the

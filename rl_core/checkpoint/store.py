@@ -4,7 +4,9 @@ Layout under the store URL::
 
     chunks/<aa>/<sha256>      one encoded chunk, named by the sha256 of its stored bytes (aa = first 2 hex digits)
     versions/<%08d>.json      manifest of a version (schema 3, see manifest.py)
-    versions/<%08d>.commit    empty commit marker: the version exists if and only if this object exists
+    versions/<%08d>.commit    commit marker: the version exists if and only if this object exists; it holds the
+                              manifest's sha256 (JSON), so a manifest edited in storage is refused (empty before
+                              December 2026: such a version's manifest is not checked)
 
 Encoding. Each tensor's raw bytes are cut into chunks of ``chunk_bytes`` (default 8 MiB; rounded to whole rows
 for 2-D+ tensors; small tensors are one chunk). A *base* version stores every chunk "full" (byte planes +
@@ -78,7 +80,7 @@ from .errors import (
     _fmt_versions,
 )
 from .gc import collect_garbage
-from .manifest import Manifest
+from .manifest import Manifest, commit_marker
 from .objects import StoreObjects, redact
 from .restore import VersionReader
 
@@ -383,11 +385,11 @@ class CheckpointStore:
         if keep_every is not None and (not isinstance(keep_every, int) or keep_every < 1):
             raise ValueError(f"keep_every must be None or an int >= 1, got {keep_every!r}")
         with self._lock:
-            return collect_garbage(
+            return self._storage_call("collect garbage", lambda: collect_garbage(
                 self._objects, self._reader, self._url, keep_last=keep_last, keep_every=keep_every, grace_s=grace_s,
                 claim_grace_s=claim_grace_s, dry_run=dry_run, forget_version=self._forget_version,
                 forget_object=self._forget_object,
-            )
+            ))
 
     def _forget_version(self, version: int) -> None:
         """gc deleted ``version``: drop its manifest, and stop building on it or reusing its objects."""
@@ -530,13 +532,14 @@ class CheckpointStore:
                     f"checkpoint store {self._url}: version {v}, whose chunks version {version} reuses, {what} "
                     "during the commit; nothing of this commit is visible. Commit again (it writes a full version)"
                 )
+        marker = commit_marker(data)
         try:
-            objects.create_exclusive(marker_path, b"")
+            objects.create_exclusive(marker_path, marker)
         except FileExistsError:
             objects.discard(manifest_path)
             raise VersionConflictError(self._url, version) from None
         except BaseException as exc:
-            landed = objects.exists_or_none(marker_path)
+            landed = objects.landed(marker_path, marker)
             if landed:  # our side saw an error but the marker reached storage: the version is committed
                 logger.warning(
                     "commit marker %s was written despite %r; version %d is committed", marker_path, exc, version
@@ -551,6 +554,8 @@ class CheckpointStore:
     def _storage_error(self, what: str, exc: BaseException) -> StorageError:
         if what in ("list versions", "load"):
             consequence = "nothing was read or changed; try again when storage is reachable"
+        elif what == "collect garbage":
+            consequence = "every committed version it kept is intact; run gc again when storage is reachable"
         else:
             consequence = "nothing of this commit is visible, commit again when storage is reachable"
         return StorageError(f"checkpoint store {self._url}: could not {what} ({type(exc).__name__}: {exc}); "

@@ -7,10 +7,20 @@ import fsspec
 import numpy as np
 
 from rl_core.checkpoint import CheckpointStore
+from rl_core.checkpoint.manifest import commit_marker
+
 
 def fs_root(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     fs, root = fsspec.core.url_to_fs(url)
     return fs, root.rstrip("/")
+
+
+def commit_manifest_as_is(url: str, version: int, data: bytes, *, legacy: bool = False) -> None:
+    """Replace a committed version's manifest by ``data`` and its commit marker by one recording it, as if the
+    writer had committed that manifest (``legacy``: an empty marker, as written before markers held its sha256)."""
+    fs, root = fs_root(url)
+    fs.pipe_file(f"{root}/versions/{version:08d}.json", data)
+    fs.pipe_file(f"{root}/versions/{version:08d}.commit", b"" if legacy else commit_marker(data))
 
 
 def chunk_path(store: CheckpointStore, url: str, version: int, tensor: str) -> str:
