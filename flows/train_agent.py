@@ -99,8 +99,8 @@ def train_agent(**options: Any) -> dict:
             logger.info("iteration %d: version %d, accuracy %.3f, mean reward %.3f, %d tokens, log-prob parity max "
                         "%.1e mean %.1e, staleness %.2f (%d rows dropped), kl %.4f, %d bytes stored", iteration + 1,
                         version, rolled["accuracy"], rolled["mean_reward"], rolled["tokens"], parity[-1],
-                        metrics.get("logprob_parity_mean", math.nan), metrics["staleness_mean"],
-                        metrics["dropped_rows"], metrics["kl"], committed["encoded_bytes"])
+                        metrics.get("logprob_parity_mean", math.nan), metrics.get("staleness_mean", math.nan),
+                        metrics.get("dropped_rows", 0), metrics.get("kl", math.nan), committed["encoded_bytes"])
             seconds = clock.lap()
             report.iteration({**numbers(metrics), **waits.seconds, "iteration": iteration + 1, "version": version,
                               **numbers(rolled, "tokens", "accuracy", "mean_reward"),

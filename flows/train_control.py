@@ -92,7 +92,7 @@ def train_control(**options: Any) -> dict:
             mean_return = sum(recent_returns) / len(recent_returns) if recent_returns else math.nan
             progress.report_iteration(sim["env_steps"], mean_return)
             logger.info("iteration %d: version %d, %d env steps, mean return %.1f, kl %.4f, %d bytes stored",
-                        iteration + 1, version, sim["env_steps"], mean_return, trained[0]["approx_kl"],
+                        iteration + 1, version, sim["env_steps"], mean_return, trained[0].get("approx_kl", math.nan),
                         committed["encoded_bytes"])
             seconds = clock.lap()
             report.iteration({**numbers(trained[0]), **waits.seconds, "iteration": iteration + 1, "version": version,

@@ -46,6 +46,9 @@ class AlgorithmConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(description="Registered algorithm.", json_schema_extra=option("algorithm"))
+    nonfinite_limit: int = Field(
+        3, ge=1, description="Minibatch updates in a row with a NaN/inf loss or gradient (each one skipped) after "
+        "which the iteration's update is discarded and the learner rolls back to the last committed version.")
 
 
 _ALGORITHM_CONFIGS: dict[str, type[AlgorithmConfig]] = {}

@@ -1,8 +1,8 @@
 """The flat launch options of a run (flow parameters, `--flags`), derived from the configuration models.
 
 A person starting a run names a handful of values (`env`, `seed`, `store`, `num_workers`...), not the nested
-sections of `RunConfig`. Each scalar field of the run and of its `env` and `storage` sections, and the algorithm's
-`name`, is one option, named after the field unless the field says otherwise (`json_schema_extra={"option": ...}`);
+sections of `RunConfig`. Each scalar field of the run and of its `env` and `storage` sections, and the fields every
+algorithm has (`name`, `nonfinite_limit`), is one option, named after the field unless the field says otherwise (`json_schema_extra={"option": ...}`);
 two more are not fields: `preset` (a named set of overrides) and `randomize_dynamics` (a symmetric range).
 So a field added to a model is an option of every entry point at once, with its description as help.
 """
@@ -73,15 +73,16 @@ def _table(options: list[LaunchOption]) -> dict[str, LaunchOption]:
 
 def launch_options() -> dict[str, LaunchOption]:
     """Every launch option of a control run by name, in a stable order: preset, the run's fields, env, storage,
-    algorithm."""
+    algorithm, then the fields every algorithm has (its hyper-parameters come from presets or `hyperparameters`)."""
     preset = LaunchOption("preset", None, str, "Named run size: quick, full or tiny (rl_core/run_presets.py).",
                           "quick")
     randomize = LaunchOption("randomize_dynamics", None, float, "Scale each env's masses, friction and damping by "
                              "U(1-F, 1+F), per env and seeded (default: off).")
     algorithm = LaunchOption("algorithm", ("algorithm", "name"), str,
                              AlgorithmConfig.model_fields["name"].description or "", "ppo")
+    shared = [o for o in _field_options(AlgorithmConfig, ("algorithm",)) if o.path != ("algorithm", "name")]
     return _table([preset, *_field_options(RunConfig, ()), *_field_options(EnvConfig, ("env",)), randomize,
-                   *_field_options(StorageConfig, ("storage",)), algorithm])
+                   *_field_options(StorageConfig, ("storage",)), algorithm, *shared])
 
 
 def agent_launch_options() -> dict[str, LaunchOption]:

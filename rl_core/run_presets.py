@@ -95,7 +95,8 @@ def build_config(preset: str = "quick", *, hyperparameters: dict[str, Any] | Non
     layered.setdefault("run_name", default_run_name(env, preset, seed))
     try:
         layered["algorithm"] = {"name": algorithm, **task_preset(algorithm, env),
-                                **PRESETS[preset].get("algorithm", {}).get(algorithm, {}), **(hyperparameters or {})}
+                                **PRESETS[preset].get("algorithm", {}).get(algorithm, {}), **given.get("algorithm", {}),
+                                **(hyperparameters or {})}
         return RunConfig(**layered)
     except ValidationError as err:
         flags = {".".join(o.path): o.name for o in launch_options().values() if o.path}

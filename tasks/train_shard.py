@@ -1,7 +1,7 @@
 """train_shard: rank `rank`'s part of the update; all K ranks run at once as one process group."""
 from __future__ import annotations
 
-from prefect import task
+from prefect import get_run_logger, task
 
 from rl_core.config import RunConfig
 from rl_core.data import RunLayout
@@ -14,4 +14,9 @@ def train_shard(cfg: RunConfig, actors: RunActors, incarnation: str, iteration: 
                 scored: str) -> dict:
     """Train rank `rank` on `scored` from checkpoint `version`; rank 0 stages the new learner state."""
     metrics = actors.trainer_group.train(rank, iteration, version)
+    if metrics.get("rolled_back") and rank == 0:
+        get_run_logger().warning(
+            "iteration %d: %d minibatch updates in a row had a NaN/inf loss or gradient (algorithm.nonfinite_limit); "
+            "the update was discarded and the learner rolled back to version %d, whose weights the next version "
+            "repeats", iteration, cfg.algorithm.nonfinite_limit, version)
     return {"rank": rank, "staged": RunLayout(cfg.run_url).staged_learner(iteration), **metrics}

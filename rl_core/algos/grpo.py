@@ -29,6 +29,7 @@ import torch
 import gymflow_kernels as kernels
 from rl_core.algos.base import Epochs, Tensors, UpdateHooks
 from rl_core.algos.gradients import clip_grad_norm_, flat_grad_views
+from rl_core.algos.instability import NonFiniteGuard, poison_if_not_finite
 from rl_core.generation import SamplingParams, sampling_logprobs
 from rl_core.policies.llama import LlamaLM
 from rl_core.seeding import torch_generator
@@ -181,6 +182,7 @@ def grpo_update(
     beta: float,
     token_level: bool,
     max_grad_norm: float,
+    nonfinite_limit: int,
     generator_seed: int,
     start: UpdateStart,
     reference: LlamaLM | None = None,
@@ -197,11 +199,13 @@ def grpo_update(
         return history
     params_list = tuple(p for p in model.parameters())
     grad = flat_grad_views(params_list)
+    guard = NonFiniteGuard("GRPO", nonfinite_limit, hooks.rank)
     groups = torch.unique(batch.groups)
     per_minibatch = len(groups) // minibatches
     for epoch in range(len(history), update_epochs):
         order = groups[torch.randperm(len(groups), generator=torch_generator(generator_seed, epoch))]
         totals = torch.zeros(4, dtype=torch.float64)
+        steps, skipped_before = 0, guard.skipped
         for m in range(minibatches):
             chosen = order[m * per_minibatch:(m + 1) * per_minibatch]
             global_rows = batch.rows_of(chosen)
@@ -221,20 +225,20 @@ def grpo_update(
                     ref_logprobs = token_logprobs(reference, tokens, params)
             loss, kl, clip_fraction = _grpo_loss(logprobs, old, ref_logprobs, batch.advantages[rows], weights,
                                                  clip_eps, beta)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"GRPO loss is {loss.item()} at epoch {epoch}, minibatch {m} (rank {hooks.rank}); the weights "
-                    "were not updated with it and the last committed version is intact. Lower "
-                    "algorithm.learning_rate or check the rewards for NaN or inf.")
             grad.copy_(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params_list)]))
+            poison_if_not_finite(loss, grad)
             hooks.all_reduce_mean(grad)
+            if not guard.admit(grad, f"epoch {epoch}, minibatch {m}"):
+                continue
             norm = clip_grad_norm_(grad, max_grad_norm)
             optimizer.step()
             totals += torch.stack([loss.detach(), kl, clip_fraction, norm]).double()
-        means = (totals / minibatches).float()
+            steps += 1
+        means = (totals / steps).float() if steps else torch.full((4,), float("nan"))
         hooks.all_reduce_mean(means)  # every rank reports (and resumes from) the same numbers
         metrics = dict(zip(("loss", "kl", "clip_fraction", "grad_norm"), map(float, means)))
-        metrics.update(epoch=float(epoch), minibatch_steps=float(minibatches))
+        metrics.update(epoch=float(epoch), minibatch_steps=float(steps),
+                       skipped_updates=float(guard.skipped - skipped_before))
         if epoch == 0:
             metrics.update(start.metrics)
         history.append(metrics)

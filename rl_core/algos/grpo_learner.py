@@ -89,10 +89,12 @@ class GRPOLearner:
             self.policy.model, self.optimizer, scored, params=sampling_params(self.run),
             minibatches=self.cfg.minibatches, update_epochs=self.cfg.update_epochs, clip_eps=self.cfg.clip_eps,
             beta=self.cfg.beta, token_level=self.cfg.token_level, max_grad_norm=self.cfg.max_grad_norm,
+            nonfinite_limit=self.cfg.nonfinite_limit,
             generator_seed=derive_seed(self.run.seed, iteration, UPDATE_STREAM), start=start,
             reference=self.reference, hooks=hooks, done=done)
         metrics = {k: float(np.mean([h[k] for h in history if k in h])) for k in history[0]}
-        metrics.update(epochs=float(len(history)), epochs_resumed=float(len(done)))
+        metrics.update(epochs=float(len(history)), epochs_resumed=float(len(done)),
+                       skipped_updates=sum(h.get("skipped_updates", 0.0) for h in history))
         return metrics
 
     def policy_state(self) -> Tensors:

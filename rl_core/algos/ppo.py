@@ -18,6 +18,7 @@ import gymflow_kernels as kernels
 from rl_core.algos.base import Epochs, UpdateHooks
 from rl_core.algos.batches import ScoredBatch
 from rl_core.algos.gradients import clip_grad_norm_, flat_grad_views
+from rl_core.algos.instability import NonFiniteGuard, poison_if_not_finite
 from rl_core.config import PPOConfig
 from rl_core.policies.mlp import ActorCritic
 from rl_core.seeding import torch_generator
@@ -150,11 +151,12 @@ def ppo_update(
     for group in optimizer.param_groups:
         group["lr"] = learning_rate
     grad = flat_grad_views(model.ordered_parameters)
+    guard = NonFiniteGuard("PPO", cfg.nonfinite_limit, hooks.rank)
     size = len(batch)
     for epoch in range(len(done), cfg.update_epochs):
         perm = torch.randperm(size, generator=torch_generator(generator_seed, epoch))
         totals: torch.Tensor | None = None
-        steps = 0
+        steps, skipped_before = 0, guard.skipped
         for start in range(0, size, cfg.minibatch_size):
             mb = perm[start : start + cfg.minibatch_size]
             adv = batch.advantages[mb]
@@ -164,22 +166,23 @@ def ppo_update(
                 adv = adv * batch.advantage_weights[mb]
             local = slice(hooks.rank, None, hooks.world_size)
             stats, minibatch_grad = minibatch_gradient(model, batch, mb[local], adv[local], cfg)
-            if not torch.isfinite(stats[0]):
-                raise FloatingPointError(
-                    f"PPO loss is {stats[0].item()} at epoch {epoch}, minibatch {start // cfg.minibatch_size} "
-                    f"(rank {hooks.rank}); the weights were not updated with it and the last committed version is "
-                    "intact. Lower algorithm.learning_rate or check the rewards/observations for NaN or inf.")
             grad.copy_(minibatch_grad)
+            poison_if_not_finite(stats[0], grad)
             hooks.all_reduce_mean(grad)
+            if not guard.admit(grad, f"epoch {epoch}, minibatch {start // cfg.minibatch_size}"):
+                continue
             clip_grad_norm_(grad, cfg.max_grad_norm)
             optimizer.step()
             totals = stats if totals is None else totals + stats
             steps += 1
-        means = totals[1:] / steps  # the loss itself is not reported, as before
+        if totals is None:  # every minibatch of the epoch was skipped (fewer than the guard's limit)
+            totals = torch.full((len(STAT_NAMES),), float("nan"), dtype=stats.dtype)
+        means = totals[1:] / max(steps, 1)  # the loss itself is not reported, as before
         hooks.all_reduce_mean(means)  # every rank sees (and decides on) the same numbers
         metrics = {k: float(v) for k, v in sorted(zip(STAT_NAMES[1:], means))}
         stop = cfg.target_kl is not None and metrics["approx_kl"] > cfg.target_kl
-        metrics.update(epoch=float(epoch), minibatch_steps=float(steps), early_stop=float(stop))
+        metrics.update(epoch=float(epoch), minibatch_steps=float(steps), early_stop=float(stop),
+                       skipped_updates=float(guard.skipped - skipped_before))
         history.append(metrics)
         if hooks.on_epoch_end is not None:
             hooks.on_epoch_end(history, stop or epoch + 1 == cfg.update_epochs)
@@ -189,8 +192,11 @@ def ppo_update(
 
 
 def summarize_epochs(history: Epochs) -> dict[str, float]:
-    """Mean of each metric over the epochs, plus how many epochs and minibatch steps ran."""
-    keys = [k for k in history[0] if k not in ("epoch", "minibatch_steps", "early_stop")]
+    """Mean of each metric over the epochs, plus how many epochs ran and how many minibatch steps were taken and
+    skipped (non-finite: see instability.py)."""
+    counts = ("epoch", "minibatch_steps", "early_stop", "skipped_updates")
+    keys = [k for k in history[0] if k not in counts]
     summary = {k: sum(h[k] for h in history) / len(history) for k in keys}
-    summary.update(epochs=float(len(history)), minibatch_steps=sum(h["minibatch_steps"] for h in history))
+    summary.update(epochs=float(len(history)), minibatch_steps=sum(h["minibatch_steps"] for h in history),
+                   skipped_updates=sum(h.get("skipped_updates", 0.0) for h in history))
     return summary

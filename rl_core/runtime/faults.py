@@ -4,8 +4,9 @@
 A spec fires when the point is reached with matching context, once (or `count=N` times): each firing leaves a
 marker file in `GYMFLOW_FAULT_DIR` (required when faults are set), so the retries after it run normally. A firing
 raises InjectedFault; with `action=kill` it SIGKILLs the process that reached the point (a crashed actor), with
-`action=stall` that process stops there for an hour (a hung step, or a moment for a drill to kill the whole run).
-Unset: no-op.
+`action=stall` that process stops there for an hour (a hung step, or a moment for a drill to kill the whole run);
+with `action=poison` `maybe_fail` returns True and the caller corrupts its data (NaN rewards: the instability guard's
+drill). Unset: no-op.
 Ray actors receive the driver's GYMFLOW_* settings that workers act on (see `gymflow_env_vars`), never others.
 """
 from __future__ import annotations
@@ -33,11 +34,12 @@ def gymflow_env_vars() -> dict[str, str]:
     return {k: os.environ[k] for k in WORKER_SETTINGS if k in os.environ}
 
 
-def maybe_fail(point: str, **context: object) -> None:
-    """Raise InjectedFault if a GYMFLOW_FAULTS spec names `point` with this context and has not fired yet."""
+def maybe_fail(point: str, **context: object) -> bool:
+    """Raise InjectedFault if a GYMFLOW_FAULTS spec names `point` with this context and has not fired yet; True
+    when such a spec's action is `poison` (the caller corrupts its data), else False."""
     specs = os.environ.get("GYMFLOW_FAULTS")
     if not specs:
-        return
+        return False
     for spec in specs.split(";"):
         name, _, conditions = spec.strip().partition(":")
         if name != point:
@@ -58,4 +60,7 @@ def maybe_fail(point: str, **context: object) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             if action == "stall":
                 time.sleep(STALL_S)
+            if action == "poison":
+                return True
             raise InjectedFault(f"injected fault at {point} ({spec.strip()}), firing {firing + 1} of {count}")
+    return False

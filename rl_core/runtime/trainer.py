@@ -8,11 +8,13 @@ runs only the epochs that remain. Whether a save happened never changes the resu
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from datetime import timedelta
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -24,10 +26,13 @@ from rl_core.algos.base import (
     build_learner,
     single_process,
 )
+from rl_core.algos.instability import UnstableUpdate
 from rl_core.checkpoint import CheckpointStore
 from rl_core.data import RunLayout, read_tensors, write_tensors
 from rl_core.runtime.faults import maybe_fail
 from rl_core.threads import TRAINER_THREADS
+
+logger = logging.getLogger("rl_core.runtime")
 
 
 class TrainerRank:
@@ -90,6 +95,8 @@ class TrainerRank:
         self._sync(version)
         self.learner_version = None  # mid-update until it completes
         batch, _ = read_tensors(self.layout.scored(iteration))
+        if maybe_fail("train.batch", iteration=iteration, rank=self.rank):  # action=poison: NaN advantages
+            batch["advantages"] = np.full_like(batch["advantages"], np.nan)
         progress = CheckpointStore(self.layout.train_progress(iteration), full_every=self.cfg.storage.full_every)
         hooks = UpdateHooks(
             rank=self.rank, world_size=self.world_size,
@@ -98,13 +105,26 @@ class TrainerRank:
             resume=lambda: self._restore_progress(progress, iteration, version),
             on_epoch_end=self._progress_saver(progress, iteration, version),
         )
-        metrics = self.learner.update(batch, iteration, hooks)
+        try:
+            metrics = self.learner.update(batch, iteration, hooks)
+        except UnstableUpdate as unstable:
+            metrics = self._roll_back(iteration, version, unstable)
         if self.rank == 0:
             write_tensors(self.layout.staged_learner(iteration), self.learner.state(),
                           {"iteration": iteration, "parent_version": version})
         self.learner_version = version + 1
         self._completed = (iteration, version, metrics)
         return metrics
+
+    def _roll_back(self, iteration: int, version: int, unstable: UnstableUpdate) -> dict[str, float]:
+        """The guard gave up on iteration's update: the learner returns to committed `version` (weights, optimizer,
+        statistics), which the iteration then stages unchanged, so the next version equals it and the next iteration
+        trains on fresh data. Every rank reaches this together (the guard decides on all-reduced gradients)."""
+        self.learner.load_state(self.store.load(version).tensors)
+        if self.rank == 0:
+            logger.warning("iteration %d: %s; rolled back to version %d (the next version repeats its weights)",
+                           iteration, unstable, version)
+        return {"rolled_back": 1.0, "rolled_back_to": float(version), "skipped_updates": float(unstable.skipped)}
 
     def _progress_saver(self, progress: CheckpointStore, iteration: int, version: int
                         ) -> Callable[[Epochs, bool], None]:

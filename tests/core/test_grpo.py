@@ -23,6 +23,7 @@ from rl_core.algos.grpo import (
     token_logprobs,
 )
 from rl_core.algos.grpo_learner import GRPOLearner, sampling_params, score
+from rl_core.algos.instability import UnstableUpdate
 from rl_core.data import read_tensors, write_tensors
 from rl_core.envs.agent import make_agent_env
 from rl_core.generation.torch_generator import TorchGenerator
@@ -63,6 +64,7 @@ def _update(cfg, batch: dict, hooks: UpdateHooks = UpdateHooks(), done=(), train
     history = grpo_update(learner.policy.model, learner.optimizer, scored, params=sampling_params(cfg),
                           minibatches=grpo.minibatches, update_epochs=grpo.update_epochs, clip_eps=grpo.clip_eps,
                           beta=grpo.beta, token_level=grpo.token_level, max_grad_norm=grpo.max_grad_norm,
+                          nonfinite_limit=grpo.nonfinite_limit,
                           generator_seed=5, start=_start(learner, cfg, scored, hooks, train_version), hooks=hooks,
                           done=done)
     return learner, history
@@ -121,13 +123,13 @@ def test_update_resumed_at_an_epoch_boundary_is_bit_identical(tmp_path) -> None:
     scored = ScoredTokens.from_arrays(batch)
     start = _start(first, cfg, scored)  # from the weights the update starts from, as the learner does
     grpo_update(first.policy.model, first.optimizer, scored, params=sampling_params(cfg), minibatches=2,
-                update_epochs=3, clip_eps=0.2, beta=0.0, token_level=False, max_grad_norm=1.0, generator_seed=5,
-                start=start, hooks=UpdateHooks(on_epoch_end=save))
+                update_epochs=3, clip_eps=0.2, beta=0.0, token_level=False, max_grad_norm=1.0, nonfinite_limit=3,
+                generator_seed=5, start=start, hooks=UpdateHooks(on_epoch_end=save))
     resumed = GRPOLearner(cfg)
     resumed.load_state(saved["state"])
     grpo_update(resumed.policy.model, resumed.optimizer, scored, params=sampling_params(cfg), minibatches=2,
-                update_epochs=3, clip_eps=0.2, beta=0.0, token_level=False, max_grad_norm=1.0, generator_seed=5,
-                start=start, done=saved["history"])
+                update_epochs=3, clip_eps=0.2, beta=0.0, token_level=False, max_grad_norm=1.0, nonfinite_limit=3,
+                generator_seed=5, start=start, done=saved["history"])
     for name, value in full.state().items():
         assert np.array_equal(value, resumed.state()[name]), name
 
@@ -147,12 +149,17 @@ def test_learner_state_holds_the_frozen_reference_when_beta_is_positive() -> Non
     assert all(np.array_equal(v, restored.state()[k]) for k, v in after.items())
 
 
-def test_nan_rewards_stop_the_update_with_a_clear_error() -> None:
-    cfg = _cfg()
-    batch = _scored(cfg)
+def test_nan_rewards_skip_every_step_and_the_limit_abandons_the_update() -> None:
+    one_epoch, three_epochs = _cfg(update_epochs=1, minibatches=1), _cfg(update_epochs=3, minibatches=1)
+    batch = _scored(one_epoch)
     batch["advantages"] = np.full_like(batch["advantages"], np.nan)
-    with pytest.raises(FloatingPointError, match="GRPO loss is nan.*last committed version is intact"):
-        _update(cfg, batch)
+    untouched = GRPOLearner(one_epoch).policy_state()
+    learner, history = _update(one_epoch, batch)  # one non-finite step, under the limit of 3: skipped
+    assert history[0]["skipped_updates"] == 1 and history[0]["minibatch_steps"] == 0
+    assert all(np.array_equal(v, untouched[k]) for k, v in learner.policy_state().items())
+    with pytest.raises(UnstableUpdate, match=r"GRPO: 3 minibatch updates in a row had a non-finite loss or gradient "
+                                             r"\(the last at epoch 2, minibatch 0; 3 skipped"):
+        _update(three_epochs, batch)
 
 
 def _rank_main(rank: int, world: int, out_dir: str, token_level: bool) -> None:

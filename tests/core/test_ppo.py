@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rl_core.algos.base import UpdateHooks
+from rl_core.algos.instability import UnstableUpdate
 from rl_core.algos.ppo import RolloutBatch, ppo_loss, ppo_update, summarize_epochs
 from rl_core.config import PPOConfig
 from rl_core.data import read_tensors, write_tensors
@@ -71,16 +72,28 @@ def test_update_resumed_at_an_epoch_boundary_is_bit_identical() -> None:
         assert torch.equal(value, fresh_model.state_dict()[name]), name
 
 
-def test_nan_loss_stops_the_update_with_a_clear_error() -> None:
+def test_a_minibatch_with_a_nan_loss_is_skipped_and_the_others_step() -> None:
     model, optimizer, batch = _setup()
-    batch.returns[3] = float("nan")
-    with pytest.raises(FloatingPointError, match="PPO loss is nan .*last committed version is intact"):
-        ppo_update(model, optimizer, batch, CFG, generator_seed=0, learning_rate=1e-3)
-    # The step with the NaN was refused: whatever ran before it, the weights stayed finite.
+    batch.returns[3] = float("nan")  # one sample: the one minibatch per epoch that holds it
+    metrics = summarize_epochs(ppo_update(model, optimizer, batch, CFG, generator_seed=0, learning_rate=1e-3))
+    assert metrics["skipped_updates"] == 2 and metrics["minibatch_steps"] == 6
     assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+    untouched, _, _ = _setup()
+    assert all(not torch.equal(a, b) for a, b in zip(model.parameters(), untouched.parameters()))  # six steps ran
 
 
-def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
+def test_nonfinite_updates_in_a_row_abandon_the_update_without_stepping() -> None:
+    model, optimizer, batch = _setup()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batch.advantages[:] = float("inf")
+    cfg = CFG.model_copy(update={"nonfinite_limit": 2})
+    with pytest.raises(UnstableUpdate, match=r"PPO: 2 minibatch updates in a row had a non-finite loss or gradient "
+                                             r"\(the last at epoch 0, minibatch 1; 2 skipped"):
+        ppo_update(model, optimizer, batch, cfg, generator_seed=0, learning_rate=1e-3)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def _rank_main(rank: int, world: int, port: int, out_dir: str, nan_row: int | None = None) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -90,6 +103,8 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         t.div_(world)
 
     model, optimizer, batch = _setup()
+    if nan_row is not None:
+        batch.returns[nan_row] = float("nan")
     ppo_update(model, optimizer, batch, CFG, generator_seed=0, learning_rate=3e-4,
                hooks=UpdateHooks(rank=rank, world_size=world, all_reduce_mean=all_reduce_mean))
     write_tensors(f"file://{out_dir}/rank{rank}.safetensors",
@@ -97,14 +112,18 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def test_two_gloo_ranks_match_one_process(tmp_path) -> None:
+@pytest.mark.parametrize("nan_row", [None, 3], ids=["finite", "nan-on-one-rank"])
+def test_two_gloo_ranks_match_one_process(tmp_path, nan_row: int | None) -> None:
+    """Also when one rank's share of a minibatch has a NaN loss: both ranks skip that minibatch, as one process does."""
     torch.set_num_threads(1)
     model, optimizer, batch = _setup()
+    if nan_row is not None:
+        batch.returns[nan_row] = float("nan")
     ppo_update(model, optimizer, batch, CFG, generator_seed=0, learning_rate=3e-4)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank_main, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, port, str(tmp_path), nan_row), nprocs=2, join=True)
     rank0 = read_tensors(f"file://{tmp_path}/rank0.safetensors")[0]
     rank1 = read_tensors(f"file://{tmp_path}/rank1.safetensors")[0]
     for name, value in model.state_dict().items():
