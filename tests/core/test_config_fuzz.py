@@ -78,7 +78,10 @@ def _fields_of(root: type[BaseModel], options: dict, algorithm: type[BaseModel] 
         if numeric:
             found.append(NumericField(".".join(option.path), numeric[0], _bounds(info.metadata), numeric[1],
                                       option.name))
+    by_option = {f.dotted for f in found}
     for name, info in (algorithm.model_fields.items() if algorithm else ()):
+        if f"algorithm.{name}" in by_option:  # a field every algorithm has is a launch option (nonfinite_limit)
+            continue
         numeric = _numeric(info.annotation)
         if numeric:
             found.append(NumericField(f"algorithm.{name}", numeric[0], _bounds(info.metadata), numeric[1], None))
