@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,21 +36,47 @@ def prefect_server(root: Path) -> Iterator[dict]:
            "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(root / "results"),
            "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", None)
-    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                              env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    start_server(env)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2):
-                    break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, "prefect server did not start"
-                time.sleep(0.5)
         yield env
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        stop_server(env)
+
+
+def start_server(env: dict) -> subprocess.Popen:
+    """`prefect server start` at env's PREFECT_API_URL, its database under env's PREFECT_HOME; returns once healthy."""
+    port = urllib.parse.urlsplit(env["PREFECT_API_URL"]).port
+    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                              env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2):
+                break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                os.killpg(server.pid, signal.SIGKILL)
+                raise AssertionError("prefect server did not start") from None
+            time.sleep(0.5)
+    env["GYMFLOW_TEST_SERVER_PID"] = str(server.pid)
+    _SERVERS[server.pid] = server
+    return server
+
+
+def stop_server(env: dict) -> None:
+    """Stop the server `start_server` started for env (its whole process group), if it still runs."""
+    server = _SERVERS.pop(int(env.pop("GYMFLOW_TEST_SERVER_PID", 0)), None)
+    if server is None:
+        return
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
         server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+_SERVERS: dict[int, subprocess.Popen] = {}
 
 
 def prefect(args: list[str], env: dict, timeout: float = 120) -> str:
