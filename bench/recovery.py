@@ -265,19 +265,30 @@ def durable_loss(run_dir: Path, marker: Path, iteration: int, per_iteration: int
     again: a control iteration's whole experience unless every worker's shard was written (simulate reruns in full),
     an agent iteration's rollout chunks not yet written (a retried rollout keeps the written ones)."""
     fault_at = marker.stat().st_mtime
-    durable = list((run_dir / "checkpoints" / "versions").glob("*.commit"))
-    for folder in ("steps", "trajectories"):
-        if (run_dir / folder).exists():
-            durable += [p for p in (run_dir / folder).rglob("*") if p.is_file()
-                        and p.suffix in (".safetensors", ".commit")]
-    newest = max((p.stat().st_mtime for p in durable if p.stat().st_mtime <= fault_at), default=fault_at)
     config = json.loads((run_dir / "run.json").read_text())["config"]
+    durable = [p.stat().st_mtime for p in kept_outputs(run_dir, config.get("env", {}).get("num_workers", 1))]
+    newest = max((t for t in durable if t <= fault_at), default=fault_at)
     if "rollout_groups_per_write" in config:  # an agent run
         chunks = -(-config["algorithm"]["prompts_per_iteration"] // config["rollout_groups_per_write"])
         written = len(list((run_dir / "trajectories" / f"{iteration:06d}").glob("chunk-*.safetensors")))
         return fault_at - newest, per_iteration * (chunks - min(written, chunks)) // chunks
     shards = list((run_dir / "steps" / f"{iteration:06d}").glob("experience-*.safetensors"))
     return fault_at - newest, 0 if len(shards) >= config["env"]["num_workers"] else per_iteration
+
+
+def kept_outputs(run_dir: Path, workers: int) -> list[Path]:
+    """What a rerun reuses: commit markers, the outputs of completed steps (an iteration's experience only when every
+    worker's shard is there: a simulate that did not finish runs again in full), epoch checkpoints, and the rollout
+    chunks already written (a retried rollout keeps them)."""
+    kept = list((run_dir / "checkpoints" / "versions").glob("*.commit"))
+    for iteration in (run_dir / "steps").glob("[0-9]*") if (run_dir / "steps").exists() else ():
+        shards = list(iteration.glob("experience-*.safetensors"))
+        kept += shards if len(shards) >= workers else []
+        kept += [p for p in iteration.glob("*.safetensors") if not p.name.startswith("experience-")]
+        kept += list(iteration.glob("train-progress/versions/*.commit"))
+    if (run_dir / "trajectories").exists():
+        kept += list((run_dir / "trajectories").rglob("chunk-*.safetensors"))
+    return kept
 
 
 def corrupt_newest_chunk(run_dir: Path) -> None:

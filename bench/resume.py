@@ -2,8 +2,8 @@
 
 Each trial starts `python -m flows.cli train` in its own process group, kills the group (flow, Prefect
 API, Ray) at a random moment after training started, then runs the same command again to finish the run.
-Work redone = time since the newest durable artifact (a committed version, a step output, an epoch
-checkpoint) at the moment of the kill, in units of one checkpoint interval (the median time between two
+Work redone = time since the newest durable artifact (a committed version, a completed step's output, an epoch
+checkpoint; not the shards of a simulate that had not finished, which reruns in full) at the moment of the kill, in units of one checkpoint interval (the median time between two
 committed versions of an uninterrupted run). Every resumed run must end bit-identical to that run.
 
     python bench/resume.py [--trials 5] [--iterations 12] [--preset quick] [--seed 0]
@@ -43,11 +43,16 @@ def commit_times(run_dir: Path) -> list[float]:
     return sorted(p.stat().st_mtime for p in (run_dir / "checkpoints" / "versions").glob("*.commit"))
 
 
-def newest_durable(run_dir: Path) -> float:
-    """mtime of the newest thing a resumed run can reuse: commit markers and step outputs."""
+def newest_durable(run_dir: Path, workers: int) -> float:
+    """mtime of the newest thing a resumed run reuses: commit markers, the outputs of completed steps (an iteration's
+    experience only when every worker's shard is there: a simulate that did not finish runs again in full) and epoch
+    checkpoints."""
     paths = list((run_dir / "checkpoints" / "versions").glob("*.commit"))
-    paths += [p for p in (run_dir / "steps").rglob("*") if p.is_file() and (p.suffix == ".safetensors"
-                                                                          or p.suffix == ".commit")]
+    for iteration in (run_dir / "steps").glob("[0-9]*"):
+        shards = list(iteration.glob("experience-*.safetensors"))
+        paths += shards if len(shards) >= workers else []
+        paths += [p for p in iteration.glob("*.safetensors") if not p.name.startswith("experience-")]
+        paths += list(iteration.glob("train-progress/versions/*.commit"))
     return max(p.stat().st_mtime for p in paths)
 
 
@@ -89,10 +94,10 @@ def main() -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         kill_local_ray_of(proc.pid)  # Ray workers that were starting can outlive the group
-        lost_s = max(0.0, killed_at - newest_durable(run_dir))
         committed = len(commit_times(run_dir)) - 1
         # The iteration in flight keeps its env steps only if every worker's experience shard was written.
         workers = json.loads((run_dir / "run.json").read_text())["config"]["env"]["num_workers"]
+        lost_s = max(0.0, killed_at - newest_durable(run_dir, workers))
         shards = list((run_dir / "steps" / f"{committed:06d}").glob("experience-*.safetensors"))
         steps_redone = 0 if len(shards) == workers else batch
         resume_start = time.monotonic()
