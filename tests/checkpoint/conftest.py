@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import fsspec
 import pytest
 
+from tests.s3_server import RestartableS3
+
 
 @pytest.fixture(params=["memory", "file"])
 def url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
@@ -38,36 +40,12 @@ def s3_endpoint() -> Iterator[str]:
         server.stop()
 
 
-class _RestartableS3:
-    """A moto S3 server that a test can stop and start again on the same port; moto keeps its buckets in
-    process memory, so what was stored survives a restart (like a real endpoint after an outage)."""
-
-    def __init__(self, moto_server) -> None:
-        self._moto_server = moto_server
-        self._server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self._server.start()
-        self.host, self.port = self._server.get_host_and_port()
-        self.endpoint = f"http://{self.host}:{self.port}"
-        self.running = True
-
-    def stop(self) -> None:
-        if self.running:
-            self._server.stop()
-            self.running = False
-
-    def start(self) -> None:
-        if not self.running:
-            self._server = self._moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-            self._server.start()
-            self.running = True
-
-
 @pytest.fixture
-def s3_server() -> Iterator[_RestartableS3]:
+def s3_server() -> Iterator[RestartableS3]:
     """A moto S3 server of this test's own, which the test may stop and restart (outage tests)."""
     moto_server = pytest.importorskip("moto.server")
     s3fs = pytest.importorskip("s3fs")
-    server = _RestartableS3(moto_server)
+    server = RestartableS3(moto_server)
     try:
         yield server
     finally:
