@@ -11,25 +11,29 @@ Systems, per task and seed, run one after another (so they get the machine alike
   (two ranks on two cores are slower here: per-step framework overhead does not shrink with the minibatch, and
   every step adds an all-reduce);
 - ``flow_overlap``: the flow with ``--overlap`` (simulate(i+1) on the env workers while train_shard(i) runs);
-- ``sb3``: stable-baselines3 PPO on gymnasium's v5 env with the same hyper-parameters where SB3 has them
-  (64 envs in a DummyVecEnv, 128 steps each, minibatch 512, 10 epochs, lr 3e-4 annealed to 0, gamma 0.99,
+- ``sb3``: stable-baselines3 PPO on gymnasium's v5 env with the same hyper-parameters where SB3 has them, at its
+  best configuration here: before the timed runs each of DummyVecEnv and SubprocVecEnv with 1 and 2 torch threads
+  trains ``--sb3-probe-steps`` steps and the fastest is used (printed, and in the JSON as ``sb3_setup_<task>``)
+  (64 envs, 128 steps each, minibatch 512, 10 epochs, lr 3e-4 annealed to 0, gamma 0.99,
   GAE 0.95, clip 0.2, value coef 0.5, max grad norm 0.5, 64x64 tanh actor and critic, log-std 0, orthogonal
   init, VecNormalize for observations and rewards).
 
-Env steps/s = env steps / wall time of training (collection + updates; for the flow, the command's work as its
-last line reports it, ``command_s``: Prefect's temporary API, Ray and the actors starting, the flow run with its
-checkpoints and final evaluation; not the interpreter's imports and exit, which the direct run does not count
-either). ``flow_run_overhead`` counts the flow run alone (the API already up, Ray started before it or inside
-it). Before the timed runs of a task, one untimed iteration of each gymflow system tunes the kernels it dispatches
-(a one-off per machine, cached: without it the first timed run would pay it and later ones not). Orchestration overhead
-= the flow's wall time / the direct run's (training + final evaluation), sequential and overlapped alike. It has two
-parts: ``flow_fixed_s``, the seconds the flow command spends outside its iterations after the first (Prefect's
-temporary API, Ray and the actors starting, checkpoint_init, the first iteration with the actors' warm-up, the final
-evaluation) beyond those the direct run spends outside its own (envs, tuning lookup, first iteration, evaluation);
-and ``flow_iteration_overhead``, the wall time of the flow's iterations after the first / the direct run's (Prefect's
-task runs, the store round trips, a committed version per iteration). Final return
-= mean of ``EVAL_EPISODES`` deterministic episodes. Each process uses one torch thread. Last line: one JSON object;
-its un-suffixed keys are the default (sequential) configuration, ``*_overlap`` keys the overlapped.
+Env steps/s = env steps / wall time of training (collection + updates; for the flow, the whole command's wall time:
+the interpreter and its imports, Prefect's temporary API, Ray and the actors starting, the flow run with its
+checkpoints and final evaluation, the exit; the direct run's imports are not counted, a handicap for the flow; SB3's
+time includes its envs' start). ``checkpoint_wait_fraction``: the share of the flow's iterations the loop waited for
+checkpoint_diff (the task's bookkeeping included), from the run's own records. ``flow_run_overhead`` counts the flow
+run alone (the API already up, Ray started before it or inside it). Before the timed runs of a task, one untimed
+iteration of each gymflow system tunes the kernels it dispatches (a one-off per machine, cached: without it the
+first timed run would pay it and later ones not). Orchestration overhead = the flow's wall time / the direct run's
+(training + final evaluation), sequential and overlapped alike. It has two parts: ``flow_fixed_s``, the seconds the
+flow command spends outside its iterations after the first (Prefect's temporary API, Ray and the actors starting,
+checkpoint_init, the first iteration with the actors' warm-up, the final evaluation) beyond those the direct run
+spends outside its own (envs, tuning lookup, first iteration, evaluation); and ``flow_iteration_overhead``, the wall
+time of the flow's iterations after the first / the direct run's (Prefect's task runs, the store round trips, a
+committed version per iteration). Final return = mean of ``EVAL_EPISODES`` deterministic episodes. gymflow's
+processes use one torch thread each. Last line: one JSON object; its un-suffixed keys are the default (sequential)
+configuration, ``*_overlap`` keys the overlapped.
 
 Run: ``python bench/ppo.py [--budget 300000] [--seeds 0,1,2] [--tasks HalfCheetah-v5,Hopper-v5] [--systems ...]``
 """
@@ -55,6 +59,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from rl_core.algos.train_loop import train_in_process  # noqa: E402
 from rl_core.config import RunConfig  # noqa: E402
+from rl_core.reporting.metric_sinks import read_metrics  # noqa: E402
 from rl_core.run_presets import build_config  # noqa: E402
 
 EVAL_EPISODES = 10
@@ -75,6 +80,13 @@ def run_direct(cfg: RunConfig) -> dict[str, Any]:
             "final_return": result.evaluation["final_return"]}
 
 
+def checkpoint_wait_fraction(run_url: str) -> float:
+    """The share of the flow's iterations the loop spent waiting for checkpoint_diff (the task's bookkeeping
+    included), from the run's own per-iteration records."""
+    records = read_metrics(run_url)
+    return sum(r.get("checkpoint_s", 0.0) for r in records) / sum(r["iteration_s"] for r in records)
+
+
 def run_flow(cfg: RunConfig) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "flows.cli", "train", "--preset", "quick", "--env", cfg.env.name, "--seed",
            str(cfg.seed), "--iterations", str(cfg.iterations), "--eval-episodes", str(cfg.eval_episodes),
@@ -85,21 +97,32 @@ def run_flow(cfg: RunConfig) -> dict[str, Any]:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    cmd_s = time.perf_counter() - start  # the whole command: interpreter, imports, Prefect, Ray, the run, exit
     line = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"env_steps": line["env_steps"], "train_s": line["command_s"], "wall_s": line["command_s"],
+    return {"env_steps": line["env_steps"], "train_s": cmd_s, "wall_s": cmd_s, "command_s": line["command_s"],
             "flow_run_s": line["wall_s"], "loop_s": line["loop_s"], "first_iteration_s": line["first_iteration_s"],
-            "cmd_s": time.perf_counter() - start, "final_return": line["final_return"]}
+            "cmd_s": cmd_s, "final_return": line["final_return"],
+            "checkpoint_wait_fraction": checkpoint_wait_fraction(line["run_dir"])}
 
 
-def run_sb3(cfg: RunConfig) -> dict[str, Any]:
+SB3_SETUPS = [(vec, threads) for vec in ("DummyVecEnv", "SubprocVecEnv") for threads in (1, 2)]
+"""SB3's configurations on this machine: physics in the learner's process (DummyVecEnv) or one process per env
+(SubprocVecEnv, as SB3 runs it), with one or two torch threads."""
+
+
+def run_sb3(cfg: RunConfig, setup: tuple[str, int] = ("DummyVecEnv", 1)) -> dict[str, Any]:
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
+    vec, threads = setup
     p = cfg.algorithm
     n_envs = cfg.env.num_envs
-    venv = VecNormalize(make_vec_env(cfg.env.name, n_envs=n_envs, seed=cfg.seed, vec_env_cls=DummyVecEnv),
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    vec_env_cls = {"DummyVecEnv": DummyVecEnv, "SubprocVecEnv": SubprocVecEnv}[vec]
+    venv = VecNormalize(make_vec_env(cfg.env.name, n_envs=n_envs, seed=cfg.seed, vec_env_cls=vec_env_cls),
                         gamma=p.gamma)
     model = PPO(
         "MlpPolicy", venv, n_steps=cfg.env.rollout_steps, batch_size=p.minibatch_size, n_epochs=p.update_epochs,
@@ -110,15 +133,29 @@ def run_sb3(cfg: RunConfig) -> dict[str, Any]:
         seed=cfg.seed, device="cpu", verbose=0,
     )
     steps = cfg.iterations * cfg.batch_size
-    start = time.perf_counter()
     model.learn(total_timesteps=steps)
-    train_s = time.perf_counter() - start
+    train_s = time.perf_counter() - start  # the envs' start (SubprocVecEnv's processes) included
     eval_env = VecNormalize(make_vec_env(cfg.env.name, n_envs=1, seed=cfg.seed + 10_000, vec_env_cls=DummyVecEnv),
                             training=False, norm_reward=False)
     eval_env.obs_rms = venv.obs_rms
     mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=cfg.eval_episodes, deterministic=True)
+    venv.close()
+    torch.set_num_threads(1)
     return {"env_steps": steps, "train_s": train_s, "wall_s": time.perf_counter() - start,
-            "final_return": float(mean)}
+            "final_return": float(mean), "setup": f"{vec}, {threads} torch thread{'s' * (threads > 1)}"}
+
+
+def fastest_sb3_setup(task: str, budget: int) -> tuple[str, int]:
+    """Each SB3 setup trains `budget` steps of `task` (seed 0); the fastest is the one every timed run uses."""
+    timings = {}
+    for setup in SB3_SETUPS:
+        cfg = config(task, 0, budget, "memory://unused", overlap=False)
+        timings[setup] = run_sb3(cfg.model_copy(update={"eval_episodes": 1}), setup)["train_s"]
+        print(f"{task:<16} sb3 probe {setup[0]}, {setup[1]} torch thread(s): {budget / timings[setup]:7.0f} steps/s",
+              flush=True)
+    best = min(timings, key=timings.get)
+    print(f"{task:<16} sb3 runs as {best[0]} with {best[1]} torch thread(s), its fastest here", flush=True)
+    return best
 
 
 SYSTEMS = {"direct": run_direct, "direct_overlap": run_direct, "flow": run_flow, "flow_overlap": run_flow,
@@ -143,6 +180,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--tasks", default="HalfCheetah-v5,Hopper-v5")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--sb3-probe-steps", type=int, default=3 * 8192,
+                        help="env steps each SB3 setup trains to pick the fastest (default 3 iterations)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -151,10 +190,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for task in args.tasks.split(","):
             warm_up(task, systems, f"file://{tmp}/warm-up")
+            sb3_setup = fastest_sb3_setup(task, args.sb3_probe_steps) if "sb3" in systems else None
             for seed in seeds:
                 for name in systems:
                     cfg = config(task, seed, args.budget, f"file://{tmp}/runs", name.endswith("_overlap"))
-                    r = SYSTEMS[name](cfg)
+                    r = run_sb3(cfg, sb3_setup) if name == "sb3" else SYSTEMS[name](cfg)
                     r["sps"] = r["env_steps"] / r["train_s"]
                     results.setdefault(task, {}).setdefault(name, []).append(r)
                     print(f"{task:<16} seed {seed} {name:<14} {r['env_steps']:>8} steps in {r['train_s']:7.1f} s = "
@@ -163,7 +203,8 @@ def main() -> None:
     summary: dict[str, Any] = {"budget": args.budget, "seeds": seeds}
     for task, by_system in results.items():
         key = task.split("-")[0].lower()
-        figures = ("sps", "final_return", "wall_s", "flow_run_s", "loop_s", "first_iteration_s")
+        figures = ("sps", "final_return", "wall_s", "flow_run_s", "loop_s", "first_iteration_s",
+                   "checkpoint_wait_fraction")
         mean = {n: {k: statistics.mean(r[k] for r in rs) for k in figures if k in rs[0]} for n, rs in by_system.items()}
         for n, m in mean.items():
             print(f"{task:<16} {n:<14} mean {m['sps']:7.0f} steps/s, final return {m['final_return']:8.1f} "
@@ -192,6 +233,11 @@ def main() -> None:
                       + (f"{ratio:.2f}x as long" if ratio else "(none: one iteration)"))
         if "sb3" in mean:
             summary[f"return_sb3_{key}"] = round(mean["sb3"]["final_return"], 1)
+            summary[f"sb3_setup_{key}"] = by_system["sb3"][0]["setup"]
+        for suffix in ("", "_overlap"):
+            if "flow" + suffix in mean:
+                summary[f"checkpoint_wait_fraction_{key}{suffix}"] = round(
+                    mean["flow" + suffix]["checkpoint_wait_fraction"], 4)
     for suffix in ("", "_overlap"):
         overheads = [v for k, v in summary.items() if k.startswith("flow_overhead_") and k.endswith(suffix)
                      and (suffix or not k.endswith("_overlap"))]

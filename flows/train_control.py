@@ -12,6 +12,10 @@
 With `overlap`, simulate(i+1) starts when train_shard(i) does, acting with the policy of v_i (one update
 stale) from the envs simulate(i) left, so env workers and trainer ranks work at the same time.
 
+checkpoint_diff(i) is off the critical path: it lands while simulate(i+1) and score(i+1) run (the env workers take
+v_i+1's policy from the staged learner until it is committed), and train_shard(i+1), the run's evaluation or its
+end wait for it. A crash before it lands redoes iteration i (its finished steps come back from Prefect's cache).
+
 The flow's parameters are the run's launch options (`rl_core.launch_options`); `python -m flows.cli train`
 runs it from a terminal (flows/cli.py), `prefect deployment run 'train-control/train'` through a worker.
 """
@@ -19,9 +23,11 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.futures import PrefectFuture
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import progress
@@ -43,6 +49,19 @@ from tasks.simulate import simulate
 from tasks.train_shard import train_shard
 
 HEADLINE = ("final_return", "final_return_std", "random_return", "episodes", "version", "env_steps")
+
+
+@dataclass
+class Committing:
+    """A checkpoint_diff in flight, and what its iteration reports once it lands."""
+
+    future: PrefectFuture
+    iteration: int
+    version: int  # the version it commits
+    sim: dict
+    trained: dict
+    waits: StepWaits
+    seconds: float
 
 
 @flow(name="train-control", task_runner=ThreadPoolTaskRunner(max_workers=16))
@@ -71,6 +90,35 @@ def train_control(**options: Any) -> dict:
         recent_returns: list[float] = []
         clock = IterationClock()
         collecting = None  # with overlap: the next iteration's simulate, running while this one trains
+        committing: Committing | None = None  # checkpoint_diff(i-1), landing while iteration i simulates and scores
+
+        def landed(waits: StepWaits) -> None:
+            """Wait for the commit in flight, then report its iteration. The run's last commit is waited for in
+            its own iteration's time (`waits` is then that iteration's)."""
+            nonlocal committing, recent_returns
+            if committing is None:
+                return
+            with waits("checkpoint"):
+                committed = committing.future.result()
+            done, committing = committing, None
+            if waits is done.waits:
+                done.seconds += clock.lap()
+            if committed["version"] != done.version:
+                raise RuntimeError(f"iteration {done.iteration} committed version {committed['version']}, expected "
+                                   f"{done.version}; rerun the flow to continue from the newest version")
+            sim, trained = done.sim, done.trained
+            recent_returns = (recent_returns + sim["finished_returns"])[-cfg.env.num_envs:]
+            mean_return = sum(recent_returns) / len(recent_returns) if recent_returns else math.nan
+            progress.report_iteration(sim["env_steps"], mean_return)
+            logger.info("iteration %d: version %d, %d env steps, mean return %.1f, kl %.4f, %d bytes stored",
+                        done.iteration + 1, done.version, sim["env_steps"], mean_return,
+                        trained.get("approx_kl", math.nan), committed["encoded_bytes"])
+            report.iteration({**numbers(trained), **done.waits.seconds, "iteration": done.iteration + 1,
+                              "version": done.version, "env_steps": sim["env_steps"],
+                              "env_steps_total": committed["env_steps"], "mean_return": mean_return,
+                              "steps_per_s": sim["env_steps"] / done.seconds,
+                              "checkpoint_bytes": committed["encoded_bytes"], "iteration_s": done.seconds})
+
         for iteration in range(version, cfg.iterations):
             waits = StepWaits()
             with waits("simulate"):
@@ -78,27 +126,19 @@ def train_control(**options: Any) -> dict:
                                                                       version)
             with waits("score"):
                 scored = score(cfg, incarnation, iteration, version, sim["experience"])
+            landed(waits)  # train_shard(i) starts from v_i: committed, so that a retried rank can load it
             shards = [train_shard.submit(cfg, actors, incarnation, iteration, version, k, scored["scored"])
                       for k in range(cfg.num_ranks)]
             collecting = (simulate.submit(cfg, actors, incarnation, iteration + 1, version + 1)
                           if cfg.overlap and iteration + 1 < cfg.iterations else None)
             with waits("train"):
                 trained = [s.result() for s in shards]
-            with waits("checkpoint"):
-                committed = checkpoint_diff(cfg, incarnation, iteration, version, trained[0]["staged"],
+            future = checkpoint_diff.submit(cfg, incarnation, iteration, version, trained[0]["staged"],
                                             sim["experience"])
-            version = committed["version"]
-            recent_returns = (recent_returns + sim["finished_returns"])[-cfg.env.num_envs:]
-            mean_return = sum(recent_returns) / len(recent_returns) if recent_returns else math.nan
-            progress.report_iteration(sim["env_steps"], mean_return)
-            logger.info("iteration %d: version %d, %d env steps, mean return %.1f, kl %.4f, %d bytes stored",
-                        iteration + 1, version, sim["env_steps"], mean_return, trained[0].get("approx_kl", math.nan),
-                        committed["encoded_bytes"])
-            seconds = clock.lap()
-            report.iteration({**numbers(trained[0]), **waits.seconds, "iteration": iteration + 1, "version": version,
-                              "env_steps": sim["env_steps"], "env_steps_total": committed["env_steps"],
-                              "mean_return": mean_return, "steps_per_s": sim["env_steps"] / seconds,
-                              "checkpoint_bytes": committed["encoded_bytes"], "iteration_s": seconds})
+            version += 1
+            committing = Committing(future, iteration, version, sim, trained[0], waits, clock.lap())
+        if committing is not None:
+            landed(committing.waits)
         result = evaluate(cfg, actors, incarnation, version)
         if cfg.eval_video:
             render_final_version(cfg, version)

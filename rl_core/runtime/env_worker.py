@@ -3,7 +3,8 @@
 The worker remembers which checkpoint version its envs and policy correspond to. When asked to
 simulate from another version (a retry, a resume in a new process, a replaced actor) it restores
 both from the store first, so the result never depends on what happened to the process before.
-With `overlap` the policy is one version behind the envs (`acting_version`).
+With `overlap` the policy is one version behind the envs (`acting_version`). The flow commits version v while the
+next simulate already acts with v: until that commit lands the worker takes v's policy from the staged learner.
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import torch
 from rl_core.algos.base import Spaces, algorithm_of, build_policy, policy_sha256
 from rl_core.algos.batches import ENV_STATE_PREFIX
 from rl_core.algos.evaluation import evaluate_policy
-from rl_core.checkpoint import CheckpointStore
+from rl_core.checkpoint import CheckpointStore, Snapshot
 from rl_core.config import RunConfig
-from rl_core.data import RunLayout, write_tensors
+from rl_core.data import RunLayout, TensorFileError, read_tensors, write_tensors
 from rl_core.envs import make_batch
 from rl_core.runtime.faults import maybe_fail
 from rl_core.threads import ENV_WORKER_THREADS
@@ -75,16 +76,15 @@ class EnvWorker:
         for what the worker does not already hold."""
         loaded = None
         if self.policy_version != policy_version:
-            loaded = self.store.load(policy_version)
-            self.policy.load_state(loaded.tensors)
+            loaded = self._policy_state(policy_version)
+            self.policy.load_state(loaded.tensors if loaded is not None else self._staged(policy_version))
             self.policy_version = policy_version
         if self.env_version == version:
             return
         if version == 0:
             self._new_envs()
             return
-        if self.cfg.overlap:
-            self._wait_until_committed(version)
+        self._wait_until_committed(version)
         snapshot = loaded if policy_version == version and loaded is not None else self.store.load(version)
         rows = slice(self.env_offset, self.env_offset + self.num_envs)
         env_state = {k[len(ENV_STATE_PREFIX):]: v[rows] for k, v in snapshot.tensors.items()
@@ -95,9 +95,25 @@ class EnvWorker:
         self.env.set_state(env_state)
         self.env_version = version
 
+    def _policy_state(self, version: int) -> Snapshot | None:
+        """Checkpoint `version` when committed; None while its commit is in flight (the flow commits version v
+        while the next simulate already acts with it: `_staged` has its learner then)."""
+        if (self.store.latest() or 0) >= version:
+            return self.store.load(version)
+        return None
+
+    def _staged(self, version: int) -> dict:
+        """The learner state the iteration before `version` staged for its commit; once that commit lands the
+        staged file is removed, and the committed version is read instead."""
+        try:
+            return read_tensors(self.layout.staged_learner(version - 1))[0]
+        except TensorFileError:
+            self._wait_until_committed(version)
+            return self.store.load(version).tensors
+
     def _wait_until_committed(self, version: int) -> None:
-        """With `overlap`, a step collecting from env version v runs while v is still being trained and
-        committed; a worker that lost its envs (a retry, a replacement) restores them once v is committed."""
+        """A step collecting from env version v may run while v is still being committed (or, with `overlap`,
+        trained); a worker that lost its envs (a retry, a replacement) restores them once v is committed."""
         deadline = time.monotonic() + COMMIT_WAIT_S
         while (self.store.latest() or 0) < version:
             if time.monotonic() > deadline:
