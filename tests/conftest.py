@@ -24,6 +24,8 @@ from collections.abc import Iterator  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+from tests.s3_server import RestartableS3  # noqa: E402
+
 # Property tests (tests/*/test_*_fuzz.py): 50 cases each, no per-case deadline (a CI machine under load is slow, not
 # wrong), and no example database left in the checkout; a failing case is printed with its reproduction.
 settings.register_profile("gymflow", max_examples=50, deadline=None, database=None)
@@ -56,3 +58,16 @@ def prefect_api(session_dir: str) -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture
+def s3_server() -> Iterator[RestartableS3]:
+    """A moto S3 server of this test's own, which the test may stop and restart (outage tests)."""
+    moto_server = pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    server = RestartableS3(moto_server)
+    try:
+        yield server
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        server.stop()

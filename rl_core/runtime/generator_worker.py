@@ -104,8 +104,11 @@ class GeneratorClient:
         self._handle()
 
     def sync(self, version: int) -> str:
-        """Make the actor hold `version` within `weight_sync_timeout_s`; the sha256 of its weights."""
+        """Make the actor hold `version` within `weight_sync_timeout_s`; the sha256 of its weights. The bound is
+        the sync's alone: a new actor first finishes starting (importing torch, building the model), which on a busy
+        machine can take longer than a sync ever should."""
         timeout = self.cfg.weight_sync_timeout_s
+        self._call(lambda actor: actor.ping.remote())
         try:
             return self._call(lambda actor: actor.sync.remote(version), timeout)
         except ray.exceptions.GetTimeoutError:

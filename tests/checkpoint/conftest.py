@@ -8,8 +8,6 @@ from collections.abc import Iterator
 import fsspec
 import pytest
 
-from tests.s3_server import RestartableS3
-
 
 @pytest.fixture(params=["memory", "file"])
 def url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
@@ -35,19 +33,6 @@ def s3_endpoint() -> Iterator[str]:
     host, port = server.get_host_and_port()
     try:
         yield f"http://{host}:{port}"
-    finally:
-        s3fs.S3FileSystem.clear_instance_cache()
-        server.stop()
-
-
-@pytest.fixture
-def s3_server() -> Iterator[RestartableS3]:
-    """A moto S3 server of this test's own, which the test may stop and restart (outage tests)."""
-    moto_server = pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    server = RestartableS3(moto_server)
-    try:
-        yield server
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
         server.stop()

@@ -3,7 +3,6 @@ version and no half object behind, every earlier version still loads exactly, an
 commit succeeds. The disk is a 3 MiB tmpfs (mounted here when the machine allows it, skipped otherwise)."""
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,20 +10,13 @@ import numpy as np
 import pytest
 
 from rl_core.checkpoint import CheckpointStore, StorageError
+from tests.small_disk import small_disk
 
 
-@pytest.fixture
-def small_disk(tmp_path) -> Iterator[Path]:
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.strip() or made.returncode}): needs root")
-    try:
+@pytest.fixture(name="small_disk")
+def small_disk_fixture(tmp_path) -> Iterator[Path]:
+    with small_disk(tmp_path, "3m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _state(seed: int) -> dict[str, np.ndarray]:

@@ -22,6 +22,7 @@ MEASURED = {
     "minibatch_size": 512, "clip_coef": 0.2, "clip_vloss": False, "ent_coef": 0.0, "vf_coef": 0.5,
     "max_grad_norm": 0.5, "target_kl": None, "norm_adv": True, "hidden": (64, 64), "log_std_init": 0.0,
     "scale_rewards": True, "name": "ppo",
+    "nonfinite_limit": 3,  # the instability guard: no effect on a run whose losses stay finite
 }
 
 

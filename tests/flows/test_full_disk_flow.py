@@ -14,24 +14,17 @@ import pytest
 
 from rl_core.algos.base import policy_sha256
 from rl_core.checkpoint import CheckpointStore
+from tests.small_disk import small_disk
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 ITERATIONS = 6
 
 
-@pytest.fixture
-def small_disk(tmp_path) -> Iterator[Path]:
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True,
-                          text=True, check=False)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.strip() or made.returncode}): needs root")
-    try:
+@pytest.fixture(name="small_disk")
+def small_disk_fixture(tmp_path) -> Iterator[Path]:
+    with small_disk(tmp_path, "64m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _fill(disk: Path) -> Path:

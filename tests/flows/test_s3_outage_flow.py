@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -21,19 +20,7 @@ ITERATIONS = 6
 KEYS = {"AWS_ACCESS_KEY_ID": "AKIAOUTAGEFLOW", "AWS_SECRET_ACCESS_KEY": "outage-flow-secret"}
 
 
-@pytest.fixture
-def s3() -> Iterator[RestartableS3]:
-    moto_server = pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    server = RestartableS3(moto_server)
-    try:
-        yield server
-    finally:
-        s3fs.S3FileSystem.clear_instance_cache()
-        server.stop()
-
-
-def test_an_s3_outage_mid_run_is_recovered_bit_identical(s3: RestartableS3, tmp_path) -> None:
+def test_an_s3_outage_mid_run_is_recovered_bit_identical(s3_server: RestartableS3, tmp_path) -> None:
     import s3fs
 
     from rl_core.algos.train_loop import train_in_process
@@ -42,9 +29,9 @@ def test_an_s3_outage_mid_run_is_recovered_bit_identical(s3: RestartableS3, tmp_
     undisturbed = train_in_process(build_config("quick", run_name="undisturbed", seed=0, num_ranks=1,
                                                 iterations=ITERATIONS))
     fs = s3fs.S3FileSystem(key=KEYS["AWS_ACCESS_KEY_ID"], secret=KEYS["AWS_SECRET_ACCESS_KEY"],
-                           client_kwargs={"endpoint_url": s3.endpoint}, skip_instance_cache=True)
+                           client_kwargs={"endpoint_url": s3_server.endpoint}, skip_instance_cache=True)
     fs.mkdir("outage")
-    env = {**os.environ, **KEYS, "AWS_ENDPOINT_URL": s3.endpoint, "PREFECT_HOME": str(tmp_path / "prefect")}
+    env = {**os.environ, **KEYS, "AWS_ENDPOINT_URL": s3_server.endpoint, "PREFECT_HOME": str(tmp_path / "prefect")}
     cmd = [sys.executable, "-m", "flows.cli", "train", "--preset", "quick", "--seed", "0", "--num-ranks", "1",
            "--iterations", str(ITERATIONS), "--run-name", "outage", "--store", "s3://outage/runs"]
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -55,9 +42,9 @@ def test_an_s3_outage_mid_run_is_recovered_bit_identical(s3: RestartableS3, tmp_
         assert first.poll() is None and time.monotonic() < deadline, "the run did not reach version 2"
         fs.invalidate_cache()
         time.sleep(0.2)
-    s3.stop()
+    s3_server.stop()
     time.sleep(8)
-    s3.start()
+    s3_server.start()
     output = first.communicate(timeout=900)[0]
     if first.returncode != 0:  # the retries ran out during the outage: the same command again, as a user would
         assert "StorageError" in output or "checkpoint store s3://outage/runs" in output or "Connect" in output, \
@@ -66,6 +53,6 @@ def test_an_s3_outage_mid_run_is_recovered_bit_identical(s3: RestartableS3, tmp_
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     store = CheckpointStore("s3://outage/runs/outage/checkpoints", storage_options={
         "key": KEYS["AWS_ACCESS_KEY_ID"], "secret": KEYS["AWS_SECRET_ACCESS_KEY"],
-        "client_kwargs": {"endpoint_url": s3.endpoint}})
+        "client_kwargs": {"endpoint_url": s3_server.endpoint}})
     assert store.versions() == list(range(ITERATIONS + 1)) and store.verify()["errors"] == {}
     assert policy_sha256(store.load().tensors) == undisturbed.policy_sha256

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from rl_core.checkpoint import CheckpointStore
@@ -92,6 +93,36 @@ def test_a_killed_generator_is_replaced_and_the_run_ends_bit_identical(tmp_path,
     assert state.result()["policy_sha256"] == reference["policy_sha256"]
     rollouts = [t for t in task_runs(state.state_details.flow_run_id) if t.name.startswith("rollout")]
     assert [t.run_count for t in rollouts if t.run_count > 1] == [2]
+
+
+def test_a_killed_trainer_rank_is_replaced_and_the_run_ends_bit_identical(tmp_path, monkeypatch, reference) -> None:
+    # The trainer rank's process SIGKILLs itself after epoch 0 of iteration 1 (its epoch checkpoint saved).
+    inject_faults(monkeypatch, tmp_path, "train.epoch_end:iteration=1,rank=0,epoch=0,action=kill")
+    from flows.train_agent import train_agent
+
+    state = train_agent(preset="tiny", store=f"file://{tmp_path}/runs", run_name="killed-rank", seed=SEED,
+                        return_state=True)
+    assert state.result()["policy_sha256"] == reference["policy_sha256"]
+    shards = [t for t in task_runs(state.state_details.flow_run_id) if t.name.startswith("train_shard")]
+    assert [t.run_count for t in shards if t.run_count > 1] == [2]
+
+
+def test_a_poisoned_update_rolls_back_and_the_agent_run_goes_on(tmp_path, monkeypatch) -> None:
+    """NaN advantages in iteration 1: its two minibatch steps are skipped, the limit of 2 discards the update, and
+    version 2's learner repeats version 1's; iteration 2 trains on."""
+    from rl_core.checkpoint import CheckpointStore
+    from rl_core.reporting.metric_sinks import read_metrics
+
+    inject_faults(monkeypatch, tmp_path, "train.batch:iteration=1,action=poison")
+    summary = _run(f"file://{tmp_path}/runs", "poisoned", iterations=3, nonfinite_limit=2)
+    store = CheckpointStore(f"{summary['run_dir']}/checkpoints")
+    assert store.versions() == [0, 1, 2, 3]
+    one, two, three = (store.load(v).tensors for v in (1, 2, 3))
+    learner = [k for k in one if k.startswith(("model.", "optim."))]
+    assert learner and all(np.array_equal(two[k], one[k]) for k in learner)
+    assert any(not np.array_equal(three[k], two[k]) for k in learner)
+    records = {int(r["iteration"]): r for r in read_metrics(summary["run_dir"])}
+    assert records[2]["rolled_back"] == 1 and records[2]["skipped_updates"] == 2 and "rolled_back" not in records[3]
 
 
 def test_sigkill_of_the_process_group_mid_rollout_then_resume(tmp_path, reference) -> None:
