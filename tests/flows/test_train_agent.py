@@ -83,28 +83,24 @@ def test_an_exception_inside_rollout_is_retried_keeping_the_written_chunk(tmp_pa
     check_run_artifacts(state.state_details.flow_run_id, "retried", 2, tmp_path / "runs" / "retried")
 
 
-def test_a_killed_generator_is_replaced_and_the_run_ends_bit_identical(tmp_path, monkeypatch, reference) -> None:
-    # The generator actor SIGKILLs itself on its second call at version 1: mid-rollout of iteration 1.
-    inject_faults(monkeypatch, tmp_path, "generator.generate:version=1,call=2,action=kill")
+# Each actor SIGKILLs itself in iteration 1: the generator on its second call at version 1 (mid-rollout), the trainer
+# rank after epoch 0 (its epoch checkpoint saved). The step that used it is retried once, with a replacement.
+KILLED_ACTORS = {"generator": ("generator.generate:version=1,call=2,action=kill", "rollout"),
+                 "trainer-rank": ("train.epoch_end:iteration=1,rank=0,epoch=0,action=kill", "train_shard")}
+
+
+@pytest.mark.parametrize("actor", KILLED_ACTORS)
+def test_a_killed_actor_is_replaced_and_the_run_ends_bit_identical(tmp_path, monkeypatch, reference,
+                                                                   actor: str) -> None:
+    fault, step = KILLED_ACTORS[actor]
+    inject_faults(monkeypatch, tmp_path, fault)
     from flows.train_agent import train_agent
 
-    state = train_agent(preset="tiny", store=f"file://{tmp_path}/runs", run_name="killed-generator", seed=SEED,
+    state = train_agent(preset="tiny", store=f"file://{tmp_path}/runs", run_name=f"killed-{actor}", seed=SEED,
                         return_state=True)
     assert state.result()["policy_sha256"] == reference["policy_sha256"]
-    rollouts = [t for t in task_runs(state.state_details.flow_run_id) if t.name.startswith("rollout")]
-    assert [t.run_count for t in rollouts if t.run_count > 1] == [2]
-
-
-def test_a_killed_trainer_rank_is_replaced_and_the_run_ends_bit_identical(tmp_path, monkeypatch, reference) -> None:
-    # The trainer rank's process SIGKILLs itself after epoch 0 of iteration 1 (its epoch checkpoint saved).
-    inject_faults(monkeypatch, tmp_path, "train.epoch_end:iteration=1,rank=0,epoch=0,action=kill")
-    from flows.train_agent import train_agent
-
-    state = train_agent(preset="tiny", store=f"file://{tmp_path}/runs", run_name="killed-rank", seed=SEED,
-                        return_state=True)
-    assert state.result()["policy_sha256"] == reference["policy_sha256"]
-    shards = [t for t in task_runs(state.state_details.flow_run_id) if t.name.startswith("train_shard")]
-    assert [t.run_count for t in shards if t.run_count > 1] == [2]
+    runs = [t for t in task_runs(state.state_details.flow_run_id) if t.name.startswith(step)]
+    assert [t.run_count for t in runs if t.run_count > 1] == [2]
 
 
 def test_a_poisoned_update_rolls_back_and_the_agent_run_goes_on(tmp_path, monkeypatch) -> None:
