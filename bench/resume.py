@@ -24,6 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from recovery import (  # bench/recovery.py: what a rerun reuses
+    commit_times,
+    kept_outputs,
+)
+
 from rl_core.runtime.local_ray import kill_local_ray_of
 
 
@@ -37,23 +42,6 @@ def run_to_end(cmd: list[str], env: dict) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"run failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def commit_times(run_dir: Path) -> list[float]:
-    return sorted(p.stat().st_mtime for p in (run_dir / "checkpoints" / "versions").glob("*.commit"))
-
-
-def newest_durable(run_dir: Path, workers: int) -> float:
-    """mtime of the newest thing a resumed run reuses: commit markers, the outputs of completed steps (an iteration's
-    experience only when every worker's shard is there: a simulate that did not finish runs again in full) and epoch
-    checkpoints."""
-    paths = list((run_dir / "checkpoints" / "versions").glob("*.commit"))
-    for iteration in (run_dir / "steps").glob("[0-9]*"):
-        shards = list(iteration.glob("experience-*.safetensors"))
-        paths += shards if len(shards) >= workers else []
-        paths += [p for p in iteration.glob("*.safetensors") if not p.name.startswith("experience-")]
-        paths += list(iteration.glob("train-progress/versions/*.commit"))
-    return max(p.stat().st_mtime for p in paths)
 
 
 def main() -> None:
@@ -97,7 +85,7 @@ def main() -> None:
         committed = len(commit_times(run_dir)) - 1
         # The iteration in flight keeps its env steps only if every worker's experience shard was written.
         workers = json.loads((run_dir / "run.json").read_text())["config"]["env"]["num_workers"]
-        lost_s = max(0.0, killed_at - newest_durable(run_dir, workers))
+        lost_s = max(0.0, killed_at - max(p.stat().st_mtime for p in kept_outputs(run_dir, workers)))
         shards = list((run_dir / "steps" / f"{committed:06d}").glob("experience-*.safetensors"))
         steps_redone = 0 if len(shards) == workers else batch
         resume_start = time.monotonic()
