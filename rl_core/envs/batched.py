@@ -1,8 +1,7 @@
 """Batched MuJoCo environments on MuJoCo's native `mujoco.batch.Batch`.
 
 One `Batch` steps all envs on a native thread pool; observations, rewards and resets are computed
-for the whole batch in numpy, so no Python runs per env per step (except on the rare reset, and the
-contact forces below).
+for the whole batch in numpy, so no Python runs per env per step (except on the rare reset).
 
 Auto-reset: when an episode ends (terminated, or truncated at the time limit), `step` returns the
 final observation in `StepResult.final_obs` and the first observation of the next episode in
@@ -15,11 +14,11 @@ fields a task reads (`Task.derived_fields`): after a step those describe the sta
 substep, so they cannot be recomputed from the physics state and are captured with it.
 
 Contact forces (`cfrc_ext`, with `cacc`, `cfrc_int`) come from `mj_rnePostConstraint`, which gymnasium
-calls after every step but `mujoco.batch` never runs, and whose Python API has no per-simulation hook
-(`mjb_apply` is C-only). A force sensor would not do: under RK4 sensors see the substep's first stage,
-gymnasium's call its last. So for tasks that read them the env copies each env's MjData out and runs it:
-two native calls per env (~20 us each, 3-12% of an Ant or Humanoid batch step measured here), the only
-per-env loop in the step path.
+calls after every step but `mujoco.batch` never runs. A force sensor would not do: under RK4 sensors see the
+substep's first stage, gymnasium's call its last. So for tasks that read them the env runs it after each step
+on every simulation's own MjData, natively on the batch's threads (`post_constraint.NativePostConstraint`,
+through the C API's `mjb_apply`). Where that cannot be built (no C compiler) it warns once and falls back to
+copying each env's MjData out and running it from Python: the same numbers, but a per-env loop.
 
 Optional per-env dynamics randomization (`DynamicsRandomization`) gives each simulation its own masses,
 friction and damping through the batch's per-simulation model fields; it is a function of (seed, global env
@@ -33,6 +32,7 @@ import mujoco
 import mujoco.batch
 import numpy as np
 
+from rl_core.envs.post_constraint import NativePostConstraint
 from rl_core.envs.randomization import DynamicsRandomization, randomize_batch
 from rl_core.envs.task import Task, load_model
 
@@ -97,15 +97,21 @@ class BatchedMujocoEnv:
             name: self._batch.bind(name) for name in task.derived_fields if name not in POST_CONSTRAINT_FIELDS
         }
         self._post_constraint = [name for name in task.derived_fields if name in POST_CONSTRAINT_FIELDS]
-        self._scratch = mujoco.MjData(model)  # one env's MjData, copied out for mj_rnePostConstraint
-        # mj_rnePostConstraint needs each env's own model once dynamics differ per env
-        self._post_models = (
-            [self._batch.get_model(i) for i in range(num_envs)] if self.randomization and self._post_constraint
-            else [model] * num_envs
-        )
+        self._scratch = mujoco.MjData(model)  # one env's MjData: field shapes, and the fallback's copy
         self.derived = {
             name: np.zeros((num_envs, *getattr(self._scratch, name).shape)) for name in task.derived_fields
         }
+        self._native_post_constraint: NativePostConstraint | None = None
+        self._post_models: list[mujoco.MjModel] = []
+        if self._post_constraint:
+            self._native_post_constraint = NativePostConstraint.for_batch(
+                self._batch, {name: self.derived[name] for name in self._post_constraint}
+            )
+            if self._native_post_constraint is None:
+                # the fallback's mj_rnePostConstraint needs each env's own model once dynamics differ per env
+                self._post_models = (
+                    [self._batch.get_model(i) for i in range(num_envs)] if self.randomization else [model] * num_envs
+                )
         self._init_qpos = model.qpos0.copy()
         self._init_qvel = np.zeros(model.nv)
         self.episode_step = np.zeros(num_envs, dtype=np.int64)
@@ -175,7 +181,9 @@ class BatchedMujocoEnv:
         """Refresh `derived` from the batch's outputs, and run mj_rnePostConstraint where the task needs it."""
         for name, output in self._outputs.items():
             self.derived[name][:] = output
-        if self._post_constraint:
+        if self._native_post_constraint is not None:
+            self._native_post_constraint()
+        elif self._post_constraint:
             for i in range(self.num_envs):
                 self._batch.get_data(i, self._scratch)
                 mujoco.mj_rnePostConstraint(self._post_models[i], self._scratch)
