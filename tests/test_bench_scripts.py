@@ -3,9 +3,12 @@ comes first on sys.path, where bench/kernels.py once shadowed the `kernels` pack
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
@@ -21,3 +24,15 @@ def test_every_benchmark_script_imports_and_parses_its_arguments() -> None:
         if proc.returncode != 0 or "usage:" not in out:
             failed[name] = err.strip().splitlines()[-1:] or out[-200:]
     assert not failed, failed
+
+
+@pytest.mark.slow
+def test_simulate_scale_brings_a_pool_from_zero_to_a_first_step() -> None:
+    """`--scale` at N=100 only (the 100,000 of a real run takes ~18 GB): its JSON carries the figures per N."""
+    command = [sys.executable, str(BENCH / "simulate.py"), "--scale", "--scale-sizes", "100", "--scale-workers", "1",
+               "--seconds", "0.2"]
+    proc = subprocess.run(command, cwd=BENCH.parent, text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["scale_100_s"] > 0 and out["scale_100_kb_per_env"] > 0 and out["scale_100_steps_per_s"] > 0
+    assert out["scale_100k_s"].startswith("not measured")

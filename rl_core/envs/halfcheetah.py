@@ -45,4 +45,5 @@ HALF_CHEETAH_V5 = Task(
     terminated=terminated,
     reset=uniform_normal_reset(RESET_NOISE_SCALE),
     total_mass=14.0,
+    arena_bytes=1 << 16,  # 1.5x its worst pose's 42,376 bytes (tests/envs/test_task_arena.py), not the MJCF's 6 MB
 )

@@ -59,11 +59,21 @@ class Task:
     total_mass: Optional[float] = None  # rescale body masses to this sum after compiling (MJCF settotalmass)
     x_position: PositionFn = root_x_position
     derived_fields: tuple[str, ...] = ()  # MjData fields beyond qpos/qvel the functions read, via state.derived
+    # bytes of each MjData's arena (MJCF <size memory>): contacts, constraint rows and solver scratch; None keeps the
+    # MJCF's. MuJoCo touches only the part a step uses, so this sizes address space, not resident memory; set it only
+    # above the most the model can use (an arena that overflows drops contacts or stops the step).
+    arena_bytes: Optional[int] = None
 
 
 def load_model(task: Task) -> mujoco.MjModel:
-    """Compile the task's MJCF, then apply `total_mass` as MJCF's deprecated `settotalmass` would."""
-    model = mujoco.MjModel.from_xml_path(task.model_path)
+    """Compile the task's MJCF with `arena_bytes` as its `<size memory>`, then apply `total_mass` as MJCF's
+    deprecated `settotalmass` would."""
+    if task.arena_bytes is None:
+        model = mujoco.MjModel.from_xml_path(task.model_path)
+    else:
+        spec = mujoco.MjSpec.from_file(task.model_path)
+        spec.memory = task.arena_bytes
+        model = spec.compile()
     if task.total_mass is not None:
         mujoco.mj_setTotalmass(model, task.total_mass)
         mujoco.mj_setConst(model, mujoco.MjData(model))

@@ -13,6 +13,7 @@ batch size (torch's matmul here: yes at 4, 8, 32 and 64 rows; not at 1 or 2).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import ray
 
@@ -64,6 +65,13 @@ class EnvWorkerPool:
     def simulate(self, iteration: int, version: int) -> list[dict]:
         """One rollout per worker from checkpoint `version`; per-worker summaries in worker order."""
         refs = {w: self._actor(w).simulate.remote(iteration, version) for w in range(self.num_workers)}
+        return [self._get(w, ref) for w, ref in refs.items()]
+
+    def call_each(self, fn: Callable, *args) -> list:
+        """`fn(worker, *args)` in every worker's process at once, results in worker order: for benchmarks and
+        diagnostics that drive or inspect a worker's envs (`worker.env`) outside a rollout. Each call runs between
+        the worker's other calls, as one of them."""
+        refs = {w: self._actor(w).__ray_call__.remote(fn, *args) for w in range(self.num_workers)}
         return [self._get(w, ref) for w, ref in refs.items()]
 
     def evaluate(self, version: int, episodes: int) -> dict:
