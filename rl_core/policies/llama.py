@@ -4,6 +4,13 @@ RMSNorm, rotary position embeddings, grouped-query attention and a SwiGLU MLP, w
 those of Hugging Face's `LlamaForCausalLM` state dict (`model.embed_tokens.weight`, `model.layers.{i}.self_attn.
 q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`), so the same weights load in transformers and vLLM.
 Saving and loading in HF's directory layout is `rl_core.policies.pretrained`.
+
+Built so that decoding one token at a time and a full forward over the same tokens give the same bits (the
+generator's behaviour log-probs equal the trainer's recomputation exactly): the projections run on oneDNN, whose rows
+do not depend on the rows sharing a call (`onednn_linear`), and attention, whose sums run over different lengths and
+orders in the two paths, is computed in float64 and rounded back to float32, which hides those orders' differences.
+Measured on SmolLM2-135M: max |difference| 3.7e-5 before, 0.0 after. Both are CPU measures; on a GPU (float64 slow,
+cuBLAS's own rounding) attention keeps the model's dtype.
 """
 from __future__ import annotations
 
@@ -13,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from rl_core.policies.onednn_linear import Linear
 
 _POSITIVE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                     "num_key_value_heads", "max_position_embeddings")
@@ -73,6 +82,11 @@ class LlamaSpec:
         return self.hidden_size // self.num_attention_heads
 
 
+def attention_dtype(device: torch.device | str) -> torch.dtype:
+    """The precision attention runs in on `device`: float64 on CPU (see the module's docstring), else float32."""
+    return torch.float64 if torch.device(device).type == "cpu" else torch.float32
+
+
 @dataclass
 class KVCache:
     """Keys and values of the positions seen so far, preallocated: one (B, kv_heads, capacity, head_dim) pair per
@@ -110,7 +124,8 @@ class KVCache:
 class SlotCache:
     """Keys and values of `slots` independent sequences, each at its own length: the cache of continuous batching,
     where a finished sequence's slot is refilled by a new prompt while the others keep decoding. Per layer one
-    (slots, kv_heads, capacity, head_dim) pair; `lengths[s]` positions of slot s are filled."""
+    (slots, kv_heads, capacity, head_dim) pair; `lengths[s]` positions of slot s are filled. In `attention_dtype` by
+    default: decoding attends in the cache's precision, and keeping keys there saves converting them every step."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
@@ -118,9 +133,10 @@ class SlotCache:
 
     @classmethod
     def allocate(cls, spec: LlamaSpec, slots: int, capacity: int, *, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> SlotCache:
+                 dtype: torch.dtype | None = None) -> SlotCache:
         """Empty slots of up to `capacity` positions each."""
         shape = (slots, spec.num_key_value_heads, capacity, spec.head_dim)
+        dtype = dtype or attention_dtype(device)
         return cls([torch.zeros(shape, device=device, dtype=dtype) for _ in range(spec.num_hidden_layers)],
                    [torch.zeros(shape, device=device, dtype=dtype) for _ in range(spec.num_hidden_layers)],
                    torch.zeros(slots, dtype=torch.long, device=device))
@@ -136,7 +152,7 @@ class SlotCache:
             raise ValueError(f"SlotCache.fill: a prefix of {length} positions exceeds the capacity {self.capacity}")
         index = torch.tensor(slots, device=self.lengths.device)
         for mine, theirs in zip(self.keys + self.values, prefix.keys + prefix.values):
-            mine[index, :, :length] = theirs[row, :, :length]
+            mine[index, :, :length] = theirs[row, :, :length].to(mine.dtype)
         self.lengths[index] = length
 
     def move(self, source: list[int], target: list[int]) -> None:
@@ -160,9 +176,9 @@ class RMSNorm(nn.Module):
         return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
-def _linear(in_dim: int, out_dim: int) -> nn.Linear:
+def _linear(in_dim: int, out_dim: int) -> Linear:
     """A bias-free Linear left uninitialized: torch's default init would draw from the global RNG."""
-    return nn.utils.skip_init(nn.Linear, in_dim, out_dim, bias=False)
+    return nn.utils.skip_init(Linear, in_dim, out_dim, bias=False)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -197,31 +213,35 @@ class Attention(nn.Module):
             past[0][:, :, start:start + steps] = k
             past[1][:, :, start:start + steps] = v
             keys, values = past[0][:, :, :start + steps], past[1][:, :, :start + steps]
-        keys = keys.repeat_interleave(self.kv_groups, dim=1)  # kv head h serves query heads [h*g, (h+1)*g)
-        values = values.repeat_interleave(self.kv_groups, dim=1)
+        # In attention_dtype, rounded back: on CPU the same bits as decoding's attention (see the module's docstring).
+        dtype = attention_dtype(x.device)
+        keys = keys.to(dtype).repeat_interleave(self.kv_groups, dim=1)  # kv head h serves query heads [h*g, (h+1)*g)
+        values = values.to(dtype).repeat_interleave(self.kv_groups, dim=1)
         # Query i sits at position start + i and sees keys 0 .. start + i; one new token sees every key.
         mask = None if steps == 1 else torch.ones(steps, start + steps, dtype=torch.bool, device=x.device).tril(start)
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        y = F.scaled_dot_product_attention(q.to(dtype), keys, values, attn_mask=mask).to(x.dtype)
         return self.o_proj(y.transpose(1, 2).reshape(batch, steps, -1)), k, v
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                rows: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """(B, 1, hidden) output for one new token per row, row r at its own position `positions[r]`; its key and
         value are written into `keys`/`values` (B, kv_heads, capacity, head_dim) at that position. `bias`
-        (B, 1, 1, capacity) is -inf where row r must not look (past its position: stale or empty slot)."""
+        (B, 1, 1, visible) is -inf where row r must not look (past its position: stale or empty slot); positions
+        from `visible` on are seen by no row and not read."""
         batch = x.shape[0]
         q = self.q_proj(x).view(batch, 1, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, 1, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, 1, -1, self.head_dim).transpose(1, 2)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        keys[rows, :, positions] = k[:, :, 0]
-        values[rows, :, positions] = v[:, :, 0]
+        keys[rows, :, positions] = k[:, :, 0].to(keys.dtype)
+        values[rows, :, positions] = v[:, :, 0].to(values.dtype)
+        visible = bias.shape[-1]
         # One query per row: attention as two small matmuls, the query heads of a kv head side by side (GQA without
-        # repeating keys), cheaper here than scaled_dot_product_attention's masked path.
-        q = q.view(batch, keys.shape[1], self.kv_groups, self.head_dim)
-        scores = (q @ keys.transpose(-1, -2)) * self.head_dim ** -0.5 + bias
-        y = scores.softmax(dim=-1) @ values  # (B, kv_heads, groups, head_dim)
-        return self.o_proj(y.reshape(batch, 1, -1))
+        # repeating keys), cheaper here than scaled_dot_product_attention's masked path; in the cache's precision.
+        q = q.reshape(batch, keys.shape[1], self.kv_groups, self.head_dim).to(keys.dtype)
+        scores = (q @ keys[:, :, :visible].transpose(-1, -2)) * self.head_dim ** -0.5 + bias
+        y = scores.softmax(dim=-1) @ values[:, :, :visible]  # (B, kv_heads, groups, head_dim)
+        return self.o_proj(y.to(x.dtype).reshape(batch, 1, -1))
 
 
 class MLP(nn.Module):
@@ -301,8 +321,9 @@ class Decoder(nn.Module):
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, 1, head_dim): broadcast over heads
         rows = torch.arange(batch, device=input_ids.device)
         # Row r sees its slot's keys 0 .. positions[r] (the new one included); the same for every layer.
-        visible = torch.arange(cache.capacity, device=input_ids.device) <= positions[:, None]
-        bias = torch.zeros(visible.shape, device=input_ids.device).masked_fill_(~visible, float("-inf"))[:, None, None]
+        visible = torch.arange(int(positions.max()) + 1, device=input_ids.device) <= positions[:, None]
+        bias = torch.zeros(visible.shape, device=input_ids.device, dtype=cache.keys[0].dtype)
+        bias = bias.masked_fill_(~visible, float("-inf"))[:, None, None]
         x = self.embed_tokens(input_ids[:, None])
         for i, layer in enumerate(self.layers):
             x = layer.decode(x, cos, sin, cache.keys[i][:batch], cache.values[i][:batch], rows, positions, bias)

@@ -26,7 +26,7 @@ SPEC = LlamaSpec(vocab_size=TOKENIZER.vocab_size, hidden_size=64, intermediate_s
                  initializer_range=0.2)  # peaked enough that top-k and top-p both cut
 PROMPT = (TOKENIZER.bos_id, *TOKENIZER.encode("12+34="))
 TRUNCATED = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, max_tokens=16)
-PARITY = {"torch": 1e-5, "vllm": 1e-4}  # vLLM's own kernels round differently (float32 both)
+PARITY = {"torch": 0.0, "vllm": 1e-4}  # the torch backend multiplies as the trainer does; vLLM's kernels round differently
 
 
 @pytest.fixture(scope="module")

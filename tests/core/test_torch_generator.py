@@ -48,7 +48,7 @@ def test_a_sample_does_not_depend_on_its_batch(generator: TorchGenerator) -> Non
     group = generator.generate(requests(TRUNCATED, range(4)) + requests(TRUNCATED, [0], other_prompt, 1), 0)
     alone = generator.generate(requests(TRUNCATED, [2]), 0)[0]
     assert group[2].completion == alone.completion
-    assert group[2].logprobs == pytest.approx(alone.logprobs, abs=1e-5)  # batched matmuls round differently
+    assert group[2].logprobs == alone.logprobs  # rows multiply alike in any batch (oneDNN, float64 attention)
     assert group[4].prompt == other_prompt and group[0].prompt == PROMPT
 
 
@@ -91,7 +91,7 @@ def _mixed_requests() -> list[GenerationRequest]:
 
 def test_continuous_batching_gives_each_request_what_it_gets_alone() -> None:
     """With 3 slots for 18 requests, finished sequences free slots that waiting ones take (and the tail compacts):
-    every request's tokens are those it gets alone, and its log-probs within float rounding."""
+    every request's tokens and log-probs are those it gets alone, to the bit."""
     model = LlamaLM(SPEC, seed=11)
     mixed = _mixed_requests()
     together = TorchGenerator(model, max_batch=3).generate(mixed, 0)
@@ -99,8 +99,7 @@ def test_continuous_batching_gives_each_request_what_it_gets_alone() -> None:
     assert [g.completion for g in together] == [g.completion for g in alone]
     assert [g.finish_reason for g in together] == [g.finish_reason for g in alone]
     assert {g.finish_reason for g in together} == {"stop", "length"}
-    for a, b in zip(together, alone):
-        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert [g.logprobs for g in together] == [g.logprobs for g in alone]
     wide = TorchGenerator(model, max_batch=64).generate(mixed, 0)
     assert [g.completion for g in wide] == [g.completion for g in together]
 

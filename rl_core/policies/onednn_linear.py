@@ -1,0 +1,87 @@
+"""Bias-free linear layers through oneDNN on CPU: faster than torch's default here, and the same bits at every batch.
+
+Measured on this machine's AMD EPYC (torch 2.13, 2 threads), y = x W^T for SmolLM2's shapes: torch's default
+(MKL sgemm) takes 466 us for 16 rows x (1536 x 576) and 19.4 ms for the 49,152-token head, where oneDNN with the
+weight prepacked takes 310 us and 6.0 ms; at 1,600 rows oneDNN on the plain weight takes 34 ms against MKL's 45.
+
+What matters as much: oneDNN's result for a row does not depend on how many rows share the call (2 or more: one
+row alone takes a matrix-vector path whose sums round differently), nor on the packing, the thread count or the
+input's strides (checked bit for bit). MKL's does (rows of calls under 12 rows round differently). So the
+generator decoding 16 sequences one token at a time and the trainer recomputing the same tokens as 1,600 rows of a
+full forward multiply identically, and the behaviour log-probs equal the trainer's to the bit.
+
+Elsewhere (another device or dtype, a torch without oneDNN) the layer is plain `F.linear`.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """Whether this torch runs oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`, an op of torch's own CPU
+    compiler path): checked once by running it."""
+    try:
+        probe = torch.ones(2, 2)
+        return bool(torch.backends.mkldnn.is_available()) and torch.equal(_onednn(probe, probe), probe @ probe)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _onednn(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x W^T on oneDNN; `weight` plain (out, in) or prepacked by `_pack`."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """The weight reordered once into oneDNN's blocked layout (the batch-size hint changes speed, not values)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """Forward on oneDNN, backward as torch's own matmuls (the gradients' values do not need to match anything)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        return _onednn(x, weight)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_w = grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` without bias whose product runs on oneDNN on CPU in float32 (see the module's docstring).
+
+    Without autograd (generation, recomputation under no_grad) the weight is used prepacked; the packed copy is
+    remade when the weight changes in place (an optimizer step, a weight update: torch's version counter)."""
+
+    _packed: tuple[int, int, torch.Tensor] | None = None  # (weight's data pointer, its version, packed weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if not (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and onednn_available()):
+            return F.linear(x, weight)
+        shape = x.shape
+        one_row = x.numel() == shape[-1]
+        if one_row:  # one row alone takes another path (other rounding): compute it as the first of two
+            x = x.reshape(1, -1).repeat(2, 1)
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+            y = _OneDNNLinear.apply(x, weight)
+        else:
+            y = _onednn(x, self._prepacked())
+        return y[:1].reshape(*shape[:-1], -1) if one_row else y
+
+    def _prepacked(self) -> torch.Tensor:
+        key = (self.weight.data_ptr(), self.weight._version)
+        if self._packed is None or self._packed[:2] != key:
+            self._packed = (*key, _pack(self.weight))
+        return self._packed[2]
