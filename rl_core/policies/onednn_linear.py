@@ -80,6 +80,13 @@ class Linear(nn.Linear):
             y = _onednn(x, self._prepacked())
         return y[:1].reshape(*shape[:-1], -1) if one_row else y
 
+    def __getstate__(self) -> dict:
+        """Without the packed copy: an opaque oneDNN tensor can be neither copied nor pickled (a deepcopy for GRPO's
+        reference model, Ray sending a model), and it is remade on first use."""
+        state = self.__dict__.copy()
+        state.pop("_packed", None)
+        return state
+
     def _prepacked(self) -> torch.Tensor:
         key = (self.weight.data_ptr(), self.weight._version)
         if self._packed is None or self._packed[:2] != key:

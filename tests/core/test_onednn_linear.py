@@ -2,6 +2,9 @@
 each row's bits independent of the rows that share its call, of packing and of the thread count."""
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -66,3 +69,13 @@ def test_other_dtypes_take_torchs_own_linear() -> None:
     linear = layer(64, 32).double()
     x = torch.randn(4, 64, dtype=torch.float64)
     assert torch.equal(linear(x), F.linear(x, linear.weight))
+
+
+def test_a_used_layer_deep_copies_and_pickles() -> None:
+    """The packed copy (an opaque oneDNN tensor) stays behind: GRPO deep-copies its reference model, Ray pickles."""
+    linear = layer(64, 32)
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        expected = linear(x)
+        for twin in (copy.deepcopy(linear), pickle.loads(pickle.dumps(linear))):
+            assert torch.equal(twin(x), expected)
