@@ -23,7 +23,8 @@ import torch
 
 from rl_core.generation.base import Generation, GenerationRequest, SamplingParams, check_version
 from rl_core.generation.sampling import sampling_logprobs
-from rl_core.policies.llama import LlamaLM, SlotCache
+from rl_core.policies.kv_cache import SlotCache
+from rl_core.policies.llama import LlamaLM
 from rl_core.policies.pretrained import load_pretrained
 from rl_core.seeding import torch_generator
 

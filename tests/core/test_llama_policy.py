@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rl_core.policies.char_tokenizer import CharTokenizer
-from rl_core.policies.llama import KVCache, LlamaLM, LlamaSpec
+from rl_core.policies.kv_cache import KVCache
+from rl_core.policies.llama import LlamaLM, LlamaSpec
 from rl_core.policies.pretrained import load_pretrained, save_pretrained
 
 TOKENIZER = CharTokenizer("0123456789+-=")
