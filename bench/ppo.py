@@ -57,6 +57,7 @@ import torch
 # `python -m`, so the benchmark imports what the command line imports (examples/ included).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from bench.intervals import compare  # noqa: E402
 from rl_core.algos.train_loop import train_in_process  # noqa: E402
 from rl_core.config import RunConfig  # noqa: E402
 from rl_core.reporting.metric_sinks import read_metrics  # noqa: E402
@@ -180,6 +181,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--tasks", default="HalfCheetah-v5,Hopper-v5")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--results", type=Path, help="also write every run's figures here (JSON), for later analysis")
     parser.add_argument("--sb3-probe-steps", type=int, default=3 * 8192,
                         help="env steps each SB3 setup trains to pick the fastest (default 3 iterations)")
     args = parser.parse_args()
@@ -242,7 +244,13 @@ def main() -> None:
         overheads = [v for k, v in summary.items() if k.startswith("flow_overhead_") and k.endswith(suffix)
                      and (suffix or not k.endswith("_overlap"))]
         summary[f"flow_overhead{suffix}"] = round(max(overheads), 3) if overheads else None
+    # final returns over the seeds: mean and IQM with bootstrap 95% intervals, and what they allow one to claim
+    for name, value in compare(results).items():
+        summary[name] = value
+        print(f"{name}: {value}")
     summary["cpu_count"] = os.cpu_count()
+    if args.results:
+        args.results.write_text(json.dumps({"summary": summary, "runs": results}, indent=1))
     print(json.dumps(summary))
 
 
