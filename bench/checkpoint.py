@@ -156,13 +156,13 @@ def train(step: Any, first: int) -> int:
     return first + STEPS
 
 
-def run_case(name: str, build: Any, versions: int, iteration_s: float, tmp: Path) -> dict[str, Any]:
+def run_case(name: str, build: Any, versions: int, iteration_s: float, tmp: Path, full_every: int) -> dict[str, Any]:
     """Phase 1: synchronous commits (sizes, encode speed, restore). Phase 2: the same training going on with
     AsyncSaver saves between intervals, as a training loop uses it (the pause)."""
     model, opt, step = build()
     root = tmp / name
-    store = CheckpointStore(f"file://{root}", full_every=8)
-    encoder = CheckpointStore(f"memory://bench-encode-{name}-{os.getpid()}", full_every=8)  # no disk I/O
+    store = CheckpointStore(f"file://{root}", full_every=full_every)
+    encoder = CheckpointStore(f"memory://bench-encode-{name}-{os.getpid()}", full_every=full_every)  # no disk I/O
     n_params = sum(p.numel() for p in model.parameters())
     ratios, enc_speeds, commit_speeds, zstd_speeds, pauses, rows = [], [], [], [], [], []
     i = 0
@@ -236,24 +236,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the 25M transformer cases (b) and (c)")
     parser.add_argument("--iteration-s", type=float, default=3.3, help="training iteration time the pause is compared with")
-    parser.add_argument(
-        "--versions", type=int, default=8, help="versions per case; 8 = one base cycle (full_every)"
-    )
+    parser.add_argument("--full-every", type=int, default=8, help="the store's base cycle (default 8, as a run's)")
+    parser.add_argument("--versions", type=int, help="versions per case (default: one base cycle, --full-every)")
     parser.add_argument("--cases", default="mlp_fp32,tf_fp32,tf_bf16,sparse", help="comma-separated subset to run")
     args = parser.parse_args()
+    versions = args.versions or args.full_every
     torch.set_num_threads(1)  # the bench machine is shared; single-thread figures are comparable
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         cases = [
-            ("mlp_fp32", mlp_case, args.versions),
-            ("tf_fp32", lambda: transformer_case(torch.float32), args.versions),
-            ("tf_bf16", lambda: transformer_case(torch.bfloat16), args.versions),
-            ("sparse", sparse_case, args.versions),
+            ("mlp_fp32", mlp_case, versions),
+            ("tf_fp32", lambda: transformer_case(torch.float32), versions),
+            ("tf_bf16", lambda: transformer_case(torch.bfloat16), versions),
+            ("sparse", sparse_case, versions),
         ]
         wanted = set(args.cases.split(",")) - ({"tf_fp32", "tf_bf16"} if args.quick else set())
         for name, build, versions in cases:
             if name in wanted:
-                results[name] = run_case(name, build, versions, args.iteration_s, Path(tmp))
+                results[name] = run_case(name, build, versions, args.iteration_s, Path(tmp), args.full_every)
     speed = [r["encode_mb_s"] / r["zstd1_mb_s"] for r in results.values()]
     print(json.dumps({
         # the headline: a whole base cycle, its full base included (what a run's storage really grows by)
