@@ -27,9 +27,9 @@ from typing import Any
 from rl_core.launch_options import LaunchOption, agent_launch_options, launch_options
 
 SUMMARY_KEYS = ("final_return", "random_return", "env_steps", "wall_s", "loop_s", "first_iteration_s", "command_s",
-                "run_dir", "policy_sha256", "iterations")
+                "startup_s", "run_dir", "policy_sha256", "iterations")
 AGENT_SUMMARY_KEYS = ("accuracy_sft", "accuracy_final", "mean_reward_sft", "mean_reward_final", "tokens_generated",
-                      "logprob_parity_max", "wall_s", "loop_s", "first_iteration_s", "command_s", "run_dir",
+                      "logprob_parity_max", "wall_s", "loop_s", "first_iteration_s", "command_s", "startup_s", "run_dir",
                       "policy_sha256", "iterations", "env")
 
 
@@ -174,7 +174,10 @@ def _train_agent(args: argparse.Namespace) -> dict[str, Any]:
 def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: Callable, actors_of: Callable,
               flow: Callable, columns: tuple[str, ...], print_summary: Callable) -> dict[str, Any]:
     """Validate the options, start Prefect's API and the run's actors side by side, run `flow` under a progress
-    bar, print its summary; the summary with `command_s`, the whole command's seconds."""
+    bar, print its summary; the summary with `command_s`, the whole command's seconds, and `startup_s`, from the
+    process's start (the interpreter and every import included) to the start of the first iteration it trained
+    (None when it trained none)."""
+    import psutil
     from rich.console import Console
 
     from flows import progress
@@ -199,6 +202,8 @@ def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: C
         if actors is not None:
             actors.release()  # the flow releases what it used; this catches actors of a flow that never ran
     summary["command_s"] = round(time.perf_counter() - started, 2)
+    first = summary.pop("first_iteration_at", None)
+    summary["startup_s"] = None if first is None else round(first - psutil.Process().create_time(), 2)
     print_summary(console, summary)
     return summary
 

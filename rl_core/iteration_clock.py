@@ -15,6 +15,7 @@ class IterationClock:
 
     def __init__(self) -> None:
         self._started = time.perf_counter()
+        self.started_at = time.time()  # wall clock, to compare with a process's start time
         self.first_s = 0.0  # the first iteration
         self.total_s = 0.0  # from the first iteration's start to the last one's end
 

@@ -112,10 +112,14 @@ def test_sigkill_mid_iteration_then_resume(tmp_path, reference) -> None:
         proc.wait()
         kill_local_ray_of(proc.pid)  # Ray workers that were starting can outlive the group
     assert CheckpointStore(f"{tmp_path}/runs/killed/checkpoints").versions()[-1] < ITERATIONS
+    launched = time.monotonic()
     done = subprocess.run(cmd, env=env, start_new_session=True, capture_output=True, text=True, timeout=600)
+    process_s = time.monotonic() - launched
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["policy_sha256"] == reference["policy_sha256"]
+    # start-up: from the process's start (imports included) to its first iteration, after the command's set-up
+    assert summary["command_s"] - summary["wall_s"] < summary["startup_s"] < process_s - summary["loop_s"]
 
 
 @pytest.mark.chaos
