@@ -88,7 +88,7 @@ def test_the_console_script_is_installed() -> None:
     code = ("import importlib.metadata as m; "
             "print([e.value for e in m.entry_points(group='console_scripts') if e.name == 'gymflow'])")
     script = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "flows.cli:main" in script.stdout
+    assert "flows.cli:console_main" in script.stdout
 
 
 def test_a_flow_on_a_memory_store_is_refused_before_anything_starts(tmp_path, capsys) -> None:
