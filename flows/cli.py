@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -264,9 +265,12 @@ def console_main() -> None:
 
     Why: once the exit handlers have run (Prefect's temporary API stopped, Ray shut down, logs flushed, the JSON
     line printed), finalizing the modules a run loads (torch, Ray's core worker, Prefect) took another ~1.8 s
-    here and does nothing a run needs. An exception (argparse's exit included) leaves the ordinary way.
+    here and does nothing a run needs. An exception (argparse's exit included), or a thread still running that the
+    interpreter would wait for, leaves the ordinary way.
     """
     code = main()
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)  # threads the interpreter would wait for (an executor's work): the ordinary way
     atexit._run_exitfuncs()  # what the interpreter would run next, in the same order
     sys.stdout.flush()
     sys.stderr.flush()
