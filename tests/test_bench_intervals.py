@@ -4,7 +4,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.intervals import bootstrap_interval, compare, difference_interval, iqm, summarize, verdict
+from bench.intervals import (
+    bootstrap_interval,
+    compare,
+    difference_interval,
+    iqm,
+    summarize,
+    verdict,
+)
 
 
 def test_iqm_averages_the_middle_half_of_the_runs() -> None:
