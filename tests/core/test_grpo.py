@@ -27,6 +27,7 @@ from rl_core.algos.instability import UnstableUpdate
 from rl_core.data import read_tensors, write_tensors
 from rl_core.envs.agent import make_agent_env
 from rl_core.generation.torch_generator import TorchGenerator
+from tests.spawned_ranks import end_rank
 
 
 def _cfg(**options):
@@ -38,7 +39,7 @@ def _scored(cfg) -> dict[str, np.ndarray]:
     """One iteration's scored batch from real rollouts of the seeded model, with seeded rewards in [0, 1]."""
     learner = GRPOLearner(cfg)
     generator = TorchGenerator(learner.policy.model, version=0)
-    make_env = lambda: make_agent_env(cfg.env.name)  # noqa: E731
+    make_env = lambda: make_agent_env(cfg.env.name)
     parts = [rollout_chunk(cfg, make_env, learner.policy.tokenizer, lambda r: generator.generate(r, 0), 64, 0, 0, c)
              for c in range(2)]
     arrays, metas = [p[0] for p in parts], [p[1] for p in parts]
@@ -181,7 +182,7 @@ def _rank_main(rank: int, world: int, out_dir: str, token_level: bool) -> None:
                                                        all_reduce_max=maximum))
     write_tensors(f"file://{out_dir}/rank{rank}.safetensors", learner.policy.state(),
                   {"parity": history[0]["logprob_parity_max"]})
-    dist.destroy_process_group()
+    end_rank()  # the group destroyed, then no teardown (see tests/spawned_ranks.py)
 
 
 @pytest.mark.parametrize("token_level", [False, True])

@@ -16,6 +16,7 @@ from rl_core.algos.ppo import RolloutBatch, ppo_loss, ppo_update, summarize_epoc
 from rl_core.config import PPOConfig
 from rl_core.data import read_tensors, write_tensors
 from rl_core.policies.mlp import ActorCritic
+from tests.spawned_ranks import end_rank
 
 CFG = PPOConfig(update_epochs=2, minibatch_size=64)
 
@@ -109,7 +110,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str, nan_row: int | No
                hooks=UpdateHooks(rank=rank, world_size=world, all_reduce_mean=all_reduce_mean))
     write_tensors(f"file://{out_dir}/rank{rank}.safetensors",
                   {k: v.detach().numpy() for k, v in model.state_dict().items()})
-    dist.destroy_process_group()
+    end_rank()  # the group destroyed, then no teardown (see tests/spawned_ranks.py)
 
 
 @pytest.mark.parametrize("nan_row", [None, 3], ids=["finite", "nan-on-one-rank"])
