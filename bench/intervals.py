@@ -37,9 +37,7 @@ def bootstrap_interval(values: Sequence[float], statistic: Callable[[np.ndarray]
     if len(x) < 2:
         raise ValueError(f"an interval needs at least 2 runs, got {len(x)}")
     draws = np.random.default_rng(seed).integers(0, len(x), size=(RESAMPLES, len(x)))
-    stats = np.array([statistic(x[d]) for d in draws])
-    tail = (1 - confidence) / 2 * 100
-    return float(np.percentile(stats, tail)), float(np.percentile(stats, 100 - tail))
+    return _percentile_interval(np.array([statistic(x[d]) for d in draws]), confidence)
 
 
 def difference_interval(ours: Sequence[float], theirs: Sequence[float], confidence: float = 0.95,
@@ -50,9 +48,13 @@ def difference_interval(ours: Sequence[float], theirs: Sequence[float], confiden
     rng = np.random.default_rng(seed)
     da = a[rng.integers(0, len(a), size=(RESAMPLES, len(a)))].mean(axis=1)
     db = b[rng.integers(0, len(b), size=(RESAMPLES, len(b)))].mean(axis=1)
+    return _percentile_interval(da - db, confidence)
+
+
+def _percentile_interval(stats: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The central `confidence` share of bootstrap statistics."""
     tail = (1 - confidence) / 2 * 100
-    diff = da - db
-    return float(np.percentile(diff, tail)), float(np.percentile(diff, 100 - tail))
+    return float(np.percentile(stats, tail)), float(np.percentile(stats, 100 - tail))
 
 
 def verdict(ours: Sequence[float], theirs: Sequence[float]) -> str:

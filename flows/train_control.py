@@ -155,7 +155,7 @@ def train_control(**options: Any) -> dict:
         "wall_s": round(time.perf_counter() - started, 2),
         "loop_s": round(clock.total_s, 2),
         "first_iteration_s": round(clock.first_s, 2),
-        "first_iteration_at": clock.started_at if clock.first_s else None,  # the command's start-up ends here
+        "first_iteration_at": clock.first_started_at,  # the command's start-up ends here
         "run_dir": cfg.run_url,
         "checkpoints": storage,
         "kernels": tuning,

@@ -15,9 +15,14 @@ class IterationClock:
 
     def __init__(self) -> None:
         self._started = time.perf_counter()
-        self.started_at = time.time()  # wall clock, to compare with a process's start time
+        self._started_at = time.time()  # wall clock, to compare with a process's start time
         self.first_s = 0.0  # the first iteration
         self.total_s = 0.0  # from the first iteration's start to the last one's end
+
+    @property
+    def first_started_at(self) -> float | None:
+        """Wall-clock time (epoch seconds) the first iteration started; None until one has ended."""
+        return self._started_at if self.first_s else None
 
     def lap(self) -> float:
         """Mark the end of an iteration; returns its seconds."""
