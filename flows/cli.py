@@ -184,7 +184,7 @@ def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: C
 
     from flows import progress
     from flows.orphan_guard import guard
-    from flows.startup import start_api_and_actors
+    from flows.startup import lean_temporary_api, start_api_and_actors
     from rl_core.config import require_shared_store
 
     started = time.perf_counter()
@@ -196,13 +196,14 @@ def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: C
     guard()  # what this command starts (Prefect's temporary API, Ray) ends with it, even when it is SIGKILLed
     # A credentials block is read through the API, and Ray's workers must start with what it holds: then the flow
     # starts Ray itself, once the credentials are exported.
-    actors = None if args.store_credentials_block else start_api_and_actors(actors_of(cfg))
-    try:
-        with progress.terminal_progress(console, columns):
-            summary = flow(**options, store_credentials_block=args.store_credentials_block)
-    finally:
-        if actors is not None:
-            actors.release()  # the flow releases what it used; this catches actors of a flow that never ran
+    with lean_temporary_api():
+        actors = None if args.store_credentials_block else start_api_and_actors(actors_of(cfg))
+        try:
+            with progress.terminal_progress(console, columns):
+                summary = flow(**options, store_credentials_block=args.store_credentials_block)
+        finally:
+            if actors is not None:
+                actors.release()  # the flow releases what it used; this catches actors of a flow that never ran
     summary["command_s"] = round(time.perf_counter() - started, 2)
     first = summary.pop("first_iteration_at", None)
     summary["startup_s"] = None if first is None else round(first - psutil.Process().create_time(), 2)

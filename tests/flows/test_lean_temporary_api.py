@@ -1,0 +1,91 @@
+"""A command's temporary Prefect API records nothing nobody can read (task runs, events, logs), and a flow still
+runs on it to completion; a configured API is left as it is. Each case runs in a fresh interpreter: the temporary
+API is a per-process singleton, and the test session has its own API configured."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = r'''
+import contextlib, json, sys, time
+from pathlib import Path
+import psutil
+from prefect import flow, get_client, task
+from prefect.server.api.server import SubprocessASGIServer
+from prefect.settings import get_current_settings
+from flows.startup import lean_temporary_api, start_api_and_actors
+
+class NoActors:
+    def start(self) -> None: ...
+
+@task
+def double(x: int) -> int:
+    return 2 * x
+
+@flow
+def tiny() -> int:
+    return double(21)
+
+async def task_runs(flow_run_id):
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    async with get_client() as client:
+        run = await client.read_flow_run(flow_run_id)
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        return run.state.type.value, len(runs)
+
+lean = sys.argv[1] == "lean"
+with lean_temporary_api() if lean else contextlib.nullcontext():
+    start_api_and_actors(NoActors())
+    environ = psutil.Process(SubprocessASGIServer().server_process.pid).environ()
+    state = tiny(return_state=True)
+    import asyncio
+    deadline = time.monotonic() + 8
+    while True:  # the recorder works behind the API: wait for the task run (lean: for the same time, for none)
+        flow_state, recorded = asyncio.run(task_runs(state.state_details.flow_run_id))
+        if recorded or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    print(json.dumps({"result": state.result(), "flow_state": flow_state, "task_runs": recorded,
+                      "recorder": environ.get("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED"),
+                      "logs_to_api": get_current_settings().logging.to_api.enabled}))
+'''
+
+
+def _run(mode: str, tmp_path: Path) -> dict:
+    environ = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    environ.update(PREFECT_HOME=str(tmp_path / mode), PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-c", SCRIPT, mode], check=False, capture_output=True, text=True,
+                          env=environ, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_temporary_api_records_no_task_runs_and_still_runs_the_flow(tmp_path) -> None:
+    plain = _run("plain", tmp_path)
+    assert plain == {"result": 42, "flow_state": "COMPLETED", "task_runs": 1, "recorder": None, "logs_to_api": True}
+    lean = _run("lean", tmp_path)
+    assert lean == {"result": 42, "flow_state": "COMPLETED", "task_runs": 0, "recorder": "False",
+                    "logs_to_api": False}
+
+
+def test_a_configured_api_keeps_its_records() -> None:
+    from prefect.settings import (
+        PREFECT_API_URL,
+        get_current_settings,
+        temporary_settings,
+    )
+
+    from flows.startup import lean_temporary_api
+
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}), lean_temporary_api():
+        settings = get_current_settings()
+        assert settings.logging.to_api.enabled
+        assert settings.server.services.task_run_recorder.enabled
