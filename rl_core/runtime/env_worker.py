@@ -3,26 +3,23 @@
 The worker remembers which checkpoint version its envs and policy correspond to. When asked to
 simulate from another version (a retry, a resume in a new process, a replaced actor) it restores
 both from the store first, so the result never depends on what happened to the process before.
-With `overlap` the policy is one version behind the envs (`acting_version`). The flow commits version v while the
-next simulate already acts with v: until that commit lands the worker takes v's policy from the staged learner.
+With `overlap` the policy is one version behind the envs (`acting_version`). The flow commits version v after
+simulate(v) (see `version_state`): a worker that restores v before its commit lands reads it from the step outputs.
 """
 from __future__ import annotations
-
-import time
 
 import torch
 
 from rl_core.algos.base import Spaces, algorithm_of, build_policy, policy_sha256
 from rl_core.algos.batches import ENV_STATE_PREFIX
 from rl_core.algos.evaluation import evaluate_policy
-from rl_core.checkpoint import CheckpointStore, Snapshot
+from rl_core.checkpoint import CheckpointStore
 from rl_core.config import RunConfig
-from rl_core.data import RunLayout, TensorFileError, read_tensors, write_tensors
+from rl_core.data import RunLayout, write_tensors
 from rl_core.envs import make_batch
 from rl_core.runtime.faults import maybe_fail
+from rl_core.runtime.version_state import env_states, learner_state
 from rl_core.threads import ENV_WORKER_THREADS
-
-COMMIT_WAIT_S = 600.0  # longer than any update and commit; past it the flow has surely failed
 
 
 def acting_version(cfg: RunConfig, version: int) -> int:
@@ -72,55 +69,23 @@ class EnvWorker:
         self.env_version: int | None = 0
 
     def _sync(self, version: int, policy_version: int) -> None:
-        """Bring the envs to checkpoint `version` and the policy to `policy_version`, reading the store only
-        for what the worker does not already hold."""
-        loaded = None
+        """Bring the envs to checkpoint `version` and the policy to `policy_version`, reading the store (or, for a
+        version still being committed, the step outputs that hold it) only for what the worker does not hold."""
         if self.policy_version != policy_version:
-            loaded = self._policy_state(policy_version)
-            self.policy.load_state(loaded.tensors if loaded is not None else self._staged(policy_version))
+            self.policy.load_state(learner_state(self.store, self.layout, policy_version))
             self.policy_version = policy_version
         if self.env_version == version:
             return
         if version == 0:
             self._new_envs()
             return
-        self._wait_until_committed(version)
-        snapshot = loaded if policy_version == version and loaded is not None else self.store.load(version)
         rows = slice(self.env_offset, self.env_offset + self.num_envs)
-        env_state = {k[len(ENV_STATE_PREFIX):]: v[rows] for k, v in snapshot.tensors.items()
-                     if k.startswith(ENV_STATE_PREFIX)}
+        env_state = {k: v[rows] for k, v in env_states(self.store, self.layout, version).items()}
         if not env_state:
             raise RuntimeError(f"checkpoint version {version} of {self.cfg.run_url} holds no env state")
         self.carry = {name: env_state.pop(name).copy() for name in self.carry}
         self.env.set_state(env_state)
         self.env_version = version
-
-    def _policy_state(self, version: int) -> Snapshot | None:
-        """Checkpoint `version` when committed; None while its commit is in flight (the flow commits version v
-        while the next simulate already acts with it: `_staged` has its learner then)."""
-        if (self.store.latest() or 0) >= version:
-            return self.store.load(version)
-        return None
-
-    def _staged(self, version: int) -> dict:
-        """The learner state the iteration before `version` staged for its commit; once that commit lands the
-        staged file is removed, and the committed version is read instead."""
-        try:
-            return read_tensors(self.layout.staged_learner(version - 1))[0]
-        except TensorFileError:
-            self._wait_until_committed(version)
-            return self.store.load(version).tensors
-
-    def _wait_until_committed(self, version: int) -> None:
-        """A step collecting from env version v may run while v is still being committed (or, with `overlap`,
-        trained); a worker that lost its envs (a retry, a replacement) restores them once v is committed."""
-        deadline = time.monotonic() + COMMIT_WAIT_S
-        while (self.store.latest() or 0) < version:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"env worker {self.worker_index} must restore its envs from checkpoint version "
-                                   f"{version} of {self.cfg.run_url}, which was not committed within "
-                                   f"{COMMIT_WAIT_S:.0f} s; rerun the flow to continue from the newest version")
-            time.sleep(0.1)
 
     def simulate(self, iteration: int, version: int) -> dict:
         """Collect one rollout from the envs of `version`, acting with the policy of `acting_version`;

@@ -30,6 +30,7 @@ from rl_core.algos.instability import UnstableUpdate
 from rl_core.checkpoint import CheckpointStore
 from rl_core.data import RunLayout, read_tensors, write_tensors
 from rl_core.runtime.faults import maybe_fail
+from rl_core.runtime.version_state import learner_state
 from rl_core.threads import TRAINER_THREADS
 
 logger = logging.getLogger("rl_core.runtime")
@@ -68,8 +69,10 @@ class TrainerRank:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
 
     def _sync(self, version: int) -> None:
+        """Hold the learner of `version`: a rank that does not (a retry, a new process) reads it from the store,
+        or from what its iteration staged while its commit is in flight (`version_state`)."""
         if self.learner_version != version:
-            self.learner.load_state(self.store.load(version).tensors)
+            self.learner.load_state(learner_state(self.store, self.layout, version))
             self.learner_version = version
 
     def initial_state(self) -> Tensors:
@@ -120,7 +123,7 @@ class TrainerRank:
         """The guard gave up on iteration's update: the learner returns to committed `version` (weights, optimizer,
         statistics), which the iteration then stages unchanged, so the next version equals it and the next iteration
         trains on fresh data. Every rank reaches this together (the guard decides on all-reduced gradients)."""
-        self.learner.load_state(self.store.load(version).tensors)
+        self.learner.load_state(learner_state(self.store, self.layout, version))
         if self.rank == 0:
             logger.warning("iteration %d: %s; rolled back to version %d (the next version repeats its weights)",
                            iteration, unstable, version)

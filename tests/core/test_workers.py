@@ -75,3 +75,33 @@ def test_train_after_restore_equals_train_in_memory(cfg) -> None:
     restored = read_tensors(layout.staged_learner(1))[0]
     for key in in_memory:
         assert np.array_equal(in_memory[key], restored[key]), key
+
+
+def test_a_version_whose_commit_has_not_landed_restores_from_the_step_outputs(cfg) -> None:
+    """The flow commits v1 beside train_shard(1), after simulate(1): a fresh worker or rank restores v1 meanwhile from
+    iteration 0's staged learner and experience shards, and computes what the long-lived ones compute."""
+    _start_run(cfg)
+    layout = RunLayout(cfg.run_url)
+    worker, rank = EnvWorker(cfg.model_dump_json(), 0), TrainerRank(cfg.model_dump_json(), 0, 1)
+    sim = worker.simulate(0, 0)
+    score.fn(cfg, "inc", 0, 0, [sim["uri"]])
+    rank.train(0, 0)  # stages v1's learner; v1 is not committed
+
+    in_memory = read_tensors(worker.simulate(1, 1)["uri"])[0]
+    restored = read_tensors(EnvWorker(cfg.model_dump_json(), 0).simulate(1, 1)["uri"])[0]
+    assert in_memory.keys() == restored.keys()
+    for key in in_memory:
+        assert np.array_equal(in_memory[key], restored[key]), key
+    score.fn(cfg, "inc", 1, 1, [layout.experience(1, 0)])
+    rank.train(1, 1)
+    trained = read_tensors(layout.staged_learner(1))[0]
+    TrainerRank(cfg.model_dump_json(), 0, 1).train(1, 1)
+    for key, value in read_tensors(layout.staged_learner(1))[0].items():
+        assert np.array_equal(trained[key], value), key
+    assert CheckpointStore(layout.checkpoints).versions() == [0]
+
+
+def test_an_uncommitted_version_without_its_step_outputs_is_a_clear_error(cfg) -> None:
+    _start_run(cfg)
+    with pytest.raises(RuntimeError, match="version 3 of .* is not committed and iteration 2 left none of the learner state"):
+        EnvWorker(cfg.model_dump_json(), 0).simulate(3, 3)

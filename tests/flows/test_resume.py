@@ -58,18 +58,21 @@ def test_train_shard_failure_is_retried_from_its_epoch_checkpoint(tmp_path, monk
     assert all(r["epochs_resumed"] == 1 for r in results) or "kill" in fault
 
 
-def test_overlapped_simulate_failure_restores_envs_once_their_version_is_committed(tmp_path, monkeypatch) -> None:
-    """With overlap, simulate(2) runs while iteration 1 trains, from env state v2 that is not committed yet. Worker 0
-    fails after its rollout (its envs are then mid-change); the retry waits for v2's commit, restores from it, and
-    the run ends bit-identical to an overlapped run that never failed."""
+@pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "overlapped"])
+def test_simulate_failure_restores_envs_from_the_step_outputs(tmp_path, monkeypatch, reference,
+                                                              overlap: bool) -> None:
+    """simulate(2) runs from env state v2, whose commit starts only after simulate(2) and score(2) (with overlap,
+    simulate(2) even runs while iteration 1 trains). Worker 0 fails after its rollout (its envs are then
+    mid-change); the retry restores v2's envs from iteration 1's experience shards, and the run ends bit-identical
+    to a run that never failed."""
     store = f"file://{tmp_path}/runs"
-    reference = _run(store, "overlap-reference", overlap=True)
+    expected = _run(store, "overlap-reference", overlap=True) if overlap else reference
     inject_faults(monkeypatch, tmp_path, "simulate.rollout_end:iteration=2,worker=0")
     from flows.train_control import train_control
 
-    state = train_control(preset="tiny", store=store, run_name="overlap-retried", seed=SEED, iterations=ITERATIONS,
-                          overlap=True, return_state=True)
-    assert state.result()["policy_sha256"] == reference["policy_sha256"]
+    state = train_control(preset="tiny", store=store, run_name="simulate-retried", seed=SEED, iterations=ITERATIONS,
+                          overlap=overlap, return_state=True)
+    assert state.result()["policy_sha256"] == expected["policy_sha256"]
     retried = [t for t in task_runs(state.state_details.flow_run_id)
                if t.name.startswith("simulate") and t.run_count > 1]
     assert len(retried) == 1, "simulate of iteration 2 must have failed once and been retried"
