@@ -18,7 +18,7 @@ busy); iteration i+1 ends when it has landed. Until then v_i+1 lives in iteratio
 retried or replaced worker or rank restores it from (`rl_core.runtime.version_state`). A crash before it lands
 redoes iteration i's commit and iteration i+1's update (every finished step comes back from Prefect's cache).
 Beside simulate(i+1), as before, its 31 ms of CPU and its hold on the flow's interpreter made a quick HalfCheetah
-iteration 0.41 s instead of 0.365 s.
+iteration 0.41 s instead of 0.365-0.39 s.
 
 The flow's parameters are the run's launch options (`rl_core.launch_options`); `python -m flows.cli train`
 runs it from a terminal (flows/cli.py), `prefect deployment run 'train-control/train'` through a worker.
