@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -103,5 +104,22 @@ def api_post(env: dict, path: str, body: dict) -> object:
     """POST `body` to the server's REST API (`path` under /api) and return the decoded answer."""
     request = urllib.request.Request(f"{env['PREFECT_API_URL']}/{path.lstrip('/')}", data=json.dumps(body).encode(),
                                      method="POST", headers={"Content-Type": "application/json"})
+    return api_call(request)
+
+
+def api_call(request: urllib.request.Request | str, attempts: int = 6) -> object:
+    """The decoded answer to `request`, retrying a 503 as Prefect's own client does: the server answers 503 to a
+    write that met SQLite's lock (here, 1 of 20 runs created in a row on a pool with a concurrency limit)."""
+    for attempt in range(attempts - 1):
+        try:
+            return _answer(request)
+        except urllib.error.HTTPError as err:
+            if err.code != 503:
+                raise
+        time.sleep(0.5 * 2 ** attempt)
+    return _answer(request)
+
+
+def _answer(request: urllib.request.Request | str) -> object:
     with urllib.request.urlopen(request, timeout=30) as answer:
         return json.load(answer)

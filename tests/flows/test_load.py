@@ -11,14 +11,20 @@ import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from rl_core.algos.base import policy_sha256
 from rl_core.checkpoint import CheckpointStore
-from tests.prefect_server import PREFECT, REPO, api_post, prefect, prefect_server
+from tests.prefect_server import (
+    PREFECT,
+    REPO,
+    api_call,
+    api_post,
+    prefect,
+    prefect_server,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.load]
 
@@ -62,8 +68,7 @@ QUEUED = 20
 
 
 def _api_get(env: dict, path: str) -> object:
-    with urllib.request.urlopen(f"{env['PREFECT_API_URL']}/{path}", timeout=30) as answer:
-        return json.load(answer)
+    return api_call(f"{env['PREFECT_API_URL']}/{path}")
 
 
 def test_twenty_queued_deployment_runs_drain_through_one_worker(tmp_path) -> None:
