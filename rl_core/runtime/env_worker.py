@@ -8,6 +8,8 @@ simulate(v) (see `version_state`): a worker that restores v before its commit la
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from rl_core.algos.base import Spaces, algorithm_of, build_policy, policy_sha256
@@ -71,8 +73,9 @@ class EnvWorker:
     def _sync(self, version: int, policy_version: int) -> None:
         """Bring the envs to checkpoint `version` and the policy to `policy_version`, reading the store (or, for a
         version still being committed, the step outputs that hold it) only for what the worker does not hold."""
+        load = functools.lru_cache(maxsize=1)(self.store.load)  # a resume needs version v's policy and envs: one read
         if self.policy_version != policy_version:
-            self.policy.load_state(learner_state(self.store, self.layout, policy_version))
+            self.policy.load_state(learner_state(self.store, self.layout, policy_version, load))
             self.policy_version = policy_version
         if self.env_version == version:
             return
@@ -80,7 +83,7 @@ class EnvWorker:
             self._new_envs()
             return
         rows = slice(self.env_offset, self.env_offset + self.num_envs)
-        env_state = {k: v[rows] for k, v in env_states(self.store, self.layout, version).items()}
+        env_state = {k: v[rows] for k, v in env_states(self.store, self.layout, version, load).items()}
         if not env_state:
             raise RuntimeError(f"checkpoint version {version} of {self.cfg.run_url} holds no env state")
         self.carry = {name: env_state.pop(name).copy() for name in self.carry}

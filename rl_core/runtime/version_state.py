@@ -9,13 +9,19 @@ the iteration before a version is always `version - 1`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import fsspec
 
 from rl_core.algos.base import Tensors
 from rl_core.algos.batches import ENV_STATE_PREFIX
-from rl_core.checkpoint import CheckpointStore
+from rl_core.checkpoint import CheckpointStore, Snapshot
 from rl_core.data import RunLayout, TensorFileError, read_tensors
 from rl_core.runtime.commits import join_env_states
+
+Loader = Callable[[int], Snapshot]
+"""Reads a committed version: a caller that needs both a version's learner and its envs passes one that keeps the
+last version read, so the version is read and verified once."""
 
 
 def committed(store: CheckpointStore, version: int) -> bool:
@@ -23,20 +29,22 @@ def committed(store: CheckpointStore, version: int) -> bool:
     return (store.latest() or 0) >= version
 
 
-def learner_state(store: CheckpointStore, layout: RunLayout, version: int) -> Tensors:
-    """Version `version`'s learner state: committed, or while its commit is in flight the state staged for it."""
+def learner_state(store: CheckpointStore, layout: RunLayout, version: int, load: Loader | None = None) -> Tensors:
+    """Version `version`'s learner state: committed (read with `load`, `store.load` by default), or while its
+    commit is in flight the state staged for it."""
     if not committed(store, version):
         try:
             return read_tensors(layout.staged_learner(version - 1))[0]
         except TensorFileError:  # its commit landed meanwhile and removed it, or it is lost
             if not committed(store, version):
                 raise _lost(store, version, "the learner state its train_shard staged") from None
-    return store.load(version).tensors
+    return (load or store.load)(version).tensors
 
 
-def env_states(store: CheckpointStore, layout: RunLayout, version: int) -> Tensors:
-    """Every env's state of version `version` in global env order, keys without their prefix: committed, or before
-    its commit lands the end states iteration version-1's env workers wrote with their experience."""
+def env_states(store: CheckpointStore, layout: RunLayout, version: int, load: Loader | None = None) -> Tensors:
+    """Every env's state of version `version` in global env order, keys without their prefix: committed (read with
+    `load`), or before its commit lands the end states iteration version-1's env workers wrote with their
+    experience."""
     tensors = None
     if not committed(store, version):
         fs, folder = fsspec.core.url_to_fs(layout.iteration(version - 1))
@@ -46,7 +54,7 @@ def env_states(store: CheckpointStore, layout: RunLayout, version: int) -> Tenso
         elif not committed(store, version):  # not landed meanwhile (it removes the shards once it has)
             raise _lost(store, version, "the experience its env workers wrote")
     if tensors is None:
-        tensors = store.load(version).tensors
+        tensors = (load or store.load)(version).tensors
     return {k[len(ENV_STATE_PREFIX):]: v for k, v in tensors.items() if k.startswith(ENV_STATE_PREFIX)}
 
 
