@@ -23,6 +23,7 @@ import torch
 from gymflow_kernels import gae, grpo_loss, logprobs, policy_mlp, ppo_grad, ppo_loss, returns  # noqa: F401
 from gymflow_kernels.autotune import autotune
 from gymflow_kernels.cache import WinnerFile, cache_key, winners_path
+from gymflow_kernels.native import parallel_cores, using_cores
 from gymflow_kernels.registry import (
     COMPILE,
     REFERENCE,
@@ -42,7 +43,7 @@ from gymflow_kernels.report import BucketReport, CandidateResult, TuneReport, fa
 __all__ = [
     "COMPILE", "REFERENCE", "BucketReport", "CandidateResult", "CandidateUnavailable", "Dispatcher", "Kernel", "Op",
     "Tolerance", "TuneReport", "autotune", "candidate", "dispatch", "fast_p", "geomean_speedup", "get_op",
-    "register", "registered_ops", "summary", "unregister",
+    "parallel_cores", "register", "registered_ops", "summary", "unregister", "using_cores",
 ]
 
 

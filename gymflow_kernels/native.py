@@ -10,12 +10,14 @@ a wrong answer.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import functools
 import hashlib
 import os
 import shutil
-from typing import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -75,3 +77,28 @@ def float32_cpu(op: str, *tensors: Tensor) -> list[Tensor]:
 
 PTR, I64, F64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 """ctypes argument types of the entry points: pointers are passed as `tensor.data_ptr()`."""
+
+
+_CORES = contextvars.ContextVar("gymflow_kernel_cores", default=1)
+
+
+def parallel_cores() -> int:
+    """How many cores a kernel called from this thread may use: 1 unless the caller is inside `using_cores`."""
+    return _CORES.get()
+
+
+@contextlib.contextmanager
+def using_cores(cores: int) -> Iterator[None]:
+    """Let kernels called from this thread (and this context) use up to `cores` cores.
+
+    Why the caller decides: only it knows whether a core is idle meanwhile (a PPO update on one rank while the env
+    workers wait) or busy (another rank, a collection running beside the update), and a helper thread on a busy core
+    only adds context switches. Kernels that use it (`ppo_grad`'s C++ candidate) compute the same bits at any count.
+    """
+    if cores < 1:
+        raise ValueError(f"using_cores needs at least 1 core, got {cores}")
+    token = _CORES.set(cores)
+    try:
+        yield
+    finally:
+        _CORES.reset(token)

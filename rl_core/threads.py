@@ -1,6 +1,8 @@
 """torch thread counts of gymflow's processes. Kernels are tuned at these counts (winners are looked up by the
 calling process's count), and eager autograd's float sums depend on them, so they are part of what a run computes."""
 
+import os
+
 TRAINER_THREADS = 1
 """A process that trains a learner (a trainer rank, the in-process loop): ranks share the machine's cores, and the
 tiny MLP gains nothing from more."""
@@ -11,3 +13,12 @@ ENV_WORKER_THREADS = 1
 GENERATOR_THREADS = 1
 """The generator actor: it samples while the trainer ranks wait (and the reverse), and a small LM's decode step is too
 small to split."""
+
+
+def update_cores(num_ranks: int, overlap: bool) -> int:
+    """Cores a trainer rank's update kernels may use (`gymflow_kernels.using_cores`; their results do not depend on
+    it). In the sequential schedule the env workers wait while the ranks update, so the ranks share every core; with
+    `overlap` the next collection runs beside the update and each rank keeps to one."""
+    if overlap:
+        return 1
+    return max(1, len(os.sched_getaffinity(0)) // num_ranks)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+import gymflow_kernels as kernels
 from rl_core.algos.advantages import score_experience
 from rl_core.algos.base import Algorithm, Calls, Spaces, Tensors, UpdateHooks, register_algorithm
 from rl_core.algos.batches import Experience, ScoredBatch
@@ -21,6 +22,7 @@ from rl_core.config import PPOConfig, RunConfig
 from rl_core.policies.mlp import ActorCritic
 from rl_core.policies.normalizer import Moments, ObservationNormalizer
 from rl_core.seeding import action_noise, derive_seed
+from rl_core.threads import update_cores
 
 UPDATE_STREAM = 7
 """An iteration's minibatch order is drawn from (derive_seed(seed, iteration, UPDATE_STREAM), epoch)."""
@@ -95,9 +97,10 @@ class PPOLearner:
             rollout = decoupled(self.policy.model, rollout)
         done = hooks.resume()
         frac = 1.0 - iteration / self.run.iterations if self.cfg.anneal_lr else 1.0
-        history = ppo_update(self.policy.model, self.optimizer, rollout, self.cfg,
-                             generator_seed=derive_seed(self.run.seed, iteration, UPDATE_STREAM),
-                             learning_rate=self.cfg.learning_rate * max(frac, 0.0), hooks=hooks, done=done)
+        with kernels.using_cores(update_cores(self.run.num_ranks, self.run.overlap)):
+            history = ppo_update(self.policy.model, self.optimizer, rollout, self.cfg,
+                                 generator_seed=derive_seed(self.run.seed, iteration, UPDATE_STREAM),
+                                 learning_rate=self.cfg.learning_rate * max(frac, 0.0), hooks=hooks, done=done)
         self.policy.update_statistics(scored.obs_moments, scored.ret_moments)
         metrics = summarize_epochs(history)
         metrics["epochs_resumed"] = float(len(done))  # > 0: this attempt continued a failed one

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import time
 
 import pytest
 import torch
@@ -226,3 +228,54 @@ def test_triton_scan_kernel_in_the_interpreter() -> None:
     done = subprocess.run([sys.executable, "-c", TRITON_INTERPRETED_CHECK], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _ppo_grad_on(cores: int, inputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    with kernels.using_cores(cores):
+        return get_op("ppo_grad").candidates["cpp"](*inputs)
+
+
+@pytest.mark.parametrize("shape", [*get_op("ppo_grad").edge_cases, {"B": 512, "D": 17, "H": 64, "A": 6}],
+                         ids=lambda s: "x".join(f"{k}{v}" for k, v in s.items()))
+def test_ppo_grad_cpp_on_two_cores_gives_the_same_bits_as_on_one(shape: dict) -> None:
+    """The critic on the helper thread beside the actor: the same sums in the same order, so the same bits, call
+    after call (the helper's hand-offs are exercised back to back and after it has gone to sleep)."""
+    op = get_op("ppo_grad")
+    inputs = op.make_inputs(shape, seed=3)
+    want = _ppo_grad_on(1, inputs)
+    for call in range(20):
+        if call == 10:
+            time.sleep(0.01)  # past the helper's spin: the next call wakes it from its condition variable
+        found = _ppo_grad_on(2, inputs)
+        assert all(torch.equal(a, b) for a, b in zip(want, found)), f"call {call}"
+
+
+def _child_ppo_grad(inputs: tuple, queue: multiprocessing.Queue) -> None:
+    queue.put([t.tolist() for t in _ppo_grad_on(2, inputs)])
+
+
+def test_ppo_grad_cpp_on_two_cores_works_in_a_forked_child() -> None:
+    """A fork inherits the parent's helper object but not its thread: the child starts its own instead of waiting
+    forever for a thread that does not exist."""
+    inputs = get_op("ppo_grad").make_inputs({"B": 64, "D": 17, "H": 64, "A": 6}, seed=4)
+    want = _ppo_grad_on(2, inputs)  # the parent's helper is running
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_ppo_grad, args=(inputs, queue))
+    child.start()
+    try:
+        found = queue.get(timeout=60)
+        child.join(timeout=60)
+    finally:
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    assert [t.tolist() for t in want] == found
+
+
+def test_using_cores_refuses_less_than_one_core_and_restores_the_callers_count() -> None:
+    with pytest.raises(ValueError, match="at least 1 core"), kernels.using_cores(0):
+        pass
+    with kernels.using_cores(2):
+        assert kernels.parallel_cores() == 2
+    assert kernels.parallel_cores() == 1
