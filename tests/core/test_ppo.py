@@ -16,6 +16,7 @@ from rl_core.algos.ppo import RolloutBatch, ppo_loss, ppo_update, summarize_epoc
 from rl_core.config import PPOConfig
 from rl_core.data import read_tensors, write_tensors
 from rl_core.policies.mlp import ActorCritic
+from rl_core.threads import update_cores
 from tests.spawned_ranks import end_rank
 
 CFG = PPOConfig(update_epochs=2, minibatch_size=64)
@@ -130,3 +131,13 @@ def test_two_gloo_ranks_match_one_process(tmp_path, nan_row: int | None) -> None
     for name, value in model.state_dict().items():
         assert np.array_equal(rank0[name], rank1[name]), f"ranks disagree on {name}"
         np.testing.assert_allclose(rank0[name], value.numpy(), atol=1e-6, err_msg=name)
+
+
+def test_update_cores_shares_the_machine_between_ranks_and_keeps_to_one_beside_a_collection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert update_cores(num_ranks=1, overlap=False) == 2  # the env workers wait: both cores
+    assert update_cores(num_ranks=2, overlap=False) == 1  # a core per rank
+    assert update_cores(num_ranks=4, overlap=False) == 1
+    assert update_cores(num_ranks=1, overlap=True) == 1  # the next collection runs beside the update
