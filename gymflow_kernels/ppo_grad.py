@@ -176,12 +176,15 @@ struct Mlp {
   std::int64_t size(std::int64_t D) const { return h1 * D + h1 + h2 * h1 + h2 + out * h2 + out; }
 };
 
-// A second thread for the critic's half of the work while the calling thread does the actor's. The two MLPs share no
-// buffer and each sums in the order it would alone, so the result is the same to the bit with or without it; it only
-// pays where a core is free (see `gymflow_kernels.native.using_cores`). Each side spins up to a millisecond before
-// sleeping: the halves come tens of microseconds apart and the next minibatch's call ~0.3 ms later, and waking a
-// sleeping thread costs about as much as a half. A quick update (160 minibatches of 512) took 0.107-0.112 s with a
-// 1 ms spin, 0.115 s with 0.3 ms and 0.116-0.132 s with 0.1 ms, against 0.147-0.163 s on one core.
+// A second thread that may take the critic's half of the work while the calling thread does the actor's. The two MLPs
+// share no buffer and each sums in the order it would alone, so the result is the same to the bit whoever runs which
+// half. Whoever is free first runs the offered half: the helper if it is awake, else the caller once its own half is
+// done. So a helper that another process keeps off its core never holds the update up: with a strict hand-off, a
+// quick update (160 minibatches of 512) beside a process busy 30% of the time took 0.21-0.25 s against 0.15-0.18 s
+// on one core; this way 0.136-0.142 s (0.110-0.114 s on a quiet machine). It pays where a core is free (see
+// `gymflow_kernels.native.using_cores`). The helper spins up to a millisecond before it sleeps: the halves come tens
+// of microseconds apart and the next minibatch's ~0.3 ms later, and waking a sleeping thread costs about a half (with
+// a 0.3 ms spin the quiet update took 0.12-0.17 s).
 static inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();  // tells the core this is a spin: less power, and no memory-order flush on exit
@@ -192,18 +195,24 @@ static inline void cpu_relax() {
 
 class Helper {
  public:
-  // Runs `task` on the helper thread; `wait` returns once it has finished. One task at a time.
-  void start(std::function<void()> task) {
-    task_ = std::move(task);
+  // Offers `task` (which must outlive the matching `finish`) to the helper thread.
+  void offer(const std::function<void()>* task) {
+    task_ = task;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      state_.store(kPending, std::memory_order_release);
+      state_.store(kOffered, std::memory_order_release);
     }
     wake_.notify_all();
   }
 
-  void wait() {
-    spin_until(kDone);
+  // Returns once the offered task has run: here, if the helper has not taken it yet, else on the helper.
+  void finish() {
+    int offered = kOffered;
+    if (state_.compare_exchange_strong(offered, kIdle, std::memory_order_acq_rel)) {
+      (*task_)();
+      return;
+    }
+    spin_until(kDone, std::chrono::microseconds(300));
     if (state_.load(std::memory_order_acquire) != kDone) {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [this] { return state_.load(std::memory_order_acquire) == kDone; });
@@ -223,12 +232,12 @@ class Helper {
   }
 
  private:
-  static constexpr int kIdle = 0, kPending = 1, kDone = 2;
+  static constexpr int kIdle = 0, kOffered = 1, kTaken = 2, kDone = 3;
 
   Helper() { std::thread([this] { loop(); }).detach(); }
 
-  void spin_until(int wanted) const {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(1000);
+  void spin_until(int wanted, std::chrono::microseconds limit) const {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
     while (state_.load(std::memory_order_acquire) != wanted) {
       for (int i = 0; i < 64 && state_.load(std::memory_order_relaxed) != wanted; ++i) cpu_relax();
       if (std::chrono::steady_clock::now() > deadline) return;
@@ -237,12 +246,14 @@ class Helper {
 
   void loop() {
     for (;;) {
-      spin_until(kPending);
-      if (state_.load(std::memory_order_acquire) != kPending) {
+      spin_until(kOffered, std::chrono::microseconds(1000));
+      if (state_.load(std::memory_order_acquire) != kOffered) {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [this] { return state_.load(std::memory_order_acquire) == kPending; });
+        wake_.wait(lock, [this] { return state_.load(std::memory_order_acquire) == kOffered; });
       }
-      task_();
+      int offered = kOffered;
+      if (!state_.compare_exchange_strong(offered, kTaken, std::memory_order_acq_rel)) continue;  // taken back
+      (*task_)();
       {
         std::lock_guard<std::mutex> lock(mutex_);
         state_.store(kDone, std::memory_order_release);
@@ -251,13 +262,13 @@ class Helper {
     }
   }
 
-  std::function<void()> task_;
+  const std::function<void()>* task_ = nullptr;
   std::atomic<int> state_{kIdle};
   std::mutex mutex_;
   std::condition_variable wake_;
 };
 
-// Runs `first` here and `second` on the helper when `threads` > 1, else both here, `first` first.
+// Runs `first` here and offers `second` to the helper when `threads` > 1; else both here, `first` first.
 static void both(std::int64_t threads, const std::function<void()>& first, const std::function<void()>& second) {
   if (threads < 2) {
     first();
@@ -265,9 +276,9 @@ static void both(std::int64_t threads, const std::function<void()>& first, const
     return;
   }
   Helper& helper = Helper::get();
-  helper.start(second);
+  helper.offer(&second);
   first();
-  helper.wait();
+  helper.finish();
 }
 
 // stats[6] as the ppo_loss kernel writes them; grad[P]: actor, critic, log_std gradients, flattened.
