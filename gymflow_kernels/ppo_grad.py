@@ -268,9 +268,14 @@ class Helper {
   std::condition_variable wake_;
 };
 
+// One caller at a time offers work to the helper (which holds one task); a caller that finds it taken, from another
+// thread of the process, runs both halves itself.
+static std::mutex helper_in_use;
+
 // Runs `first` here and offers `second` to the helper when `threads` > 1; else both here, `first` first.
 static void both(std::int64_t threads, const std::function<void()>& first, const std::function<void()>& second) {
-  if (threads < 2) {
+  std::unique_lock<std::mutex> lock(helper_in_use, std::defer_lock);
+  if (threads < 2 || !lock.try_lock()) {
     first();
     second();
     return;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import multiprocessing
 import os
 import time
@@ -248,6 +249,19 @@ def test_ppo_grad_cpp_on_two_cores_gives_the_same_bits_as_on_one(shape: dict) ->
             time.sleep(0.01)  # past the helper's spin: the next call wakes it from its condition variable
         found = _ppo_grad_on(2, inputs)
         assert all(torch.equal(a, b) for a, b in zip(want, found)), f"call {call}"
+
+
+def test_ppo_grad_cpp_on_two_cores_from_two_threads_at_once_gives_each_its_own_bits() -> None:
+    """Two callers share one helper (it holds one task): the second to arrive runs both halves itself."""
+    op = get_op("ppo_grad")
+    inputs = [op.make_inputs({"B": 256, "D": 17, "H": 64, "A": 6}, seed=seed) for seed in (5, 6)]
+    want = [_ppo_grad_on(1, x) for x in inputs]
+
+    def calls(k: int) -> bool:
+        return all(all(torch.equal(a, b) for a, b in zip(want[k], _ppo_grad_on(2, inputs[k]))) for _ in range(200))
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # ctypes drops the GIL: the two really overlap
+        assert list(pool.map(calls, (0, 1))) == [True, True]
 
 
 def _child_ppo_grad(inputs: tuple, queue: multiprocessing.Queue) -> None:
