@@ -1,5 +1,6 @@
-"""torch thread counts of gymflow's processes. Kernels are tuned at these counts (winners are looked up by the
-calling process's count), and eager autograd's float sums depend on them, so they are part of what a run computes."""
+"""torch thread counts of gymflow's processes, and the cores a rank's update kernels may use. Kernels are tuned at the
+thread counts (winners are looked up by the calling process's count), and eager autograd's float sums depend on them,
+so they are part of what a run computes; the cores (`update_cores`) change only the speed."""
 
 import os
 

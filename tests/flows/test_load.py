@@ -17,14 +17,7 @@ import pytest
 
 from rl_core.algos.base import policy_sha256
 from rl_core.checkpoint import CheckpointStore
-from tests.prefect_server import (
-    PREFECT,
-    REPO,
-    api_call,
-    api_post,
-    prefect,
-    prefect_server,
-)
+from tests.prefect_server import PREFECT, REPO, api_call, api_post, prefect, prefect_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.load]
 
