@@ -20,9 +20,9 @@ def flat_grad_views(params: tuple[nn.Parameter, ...]) -> torch.Tensor:
     return flat
 
 
-def clip_grad_norm_(flat: torch.Tensor, max_norm: float) -> torch.Tensor:
+def clip_grad_norm_(flat: torch.Tensor, max_norm: float, norm: torch.Tensor | None = None) -> torch.Tensor:
     """`nn.utils.clip_grad_norm_` on the flat gradient: scale it to norm `max_norm` when it is longer; returns the
-    norm before clipping."""
-    norm = torch.linalg.vector_norm(flat)
+    norm before clipping. `norm`: `flat`'s norm when the caller has already taken it (`NonFiniteGuard.admit`)."""
+    norm = torch.linalg.vector_norm(flat) if norm is None else norm
     flat.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
     return norm

@@ -8,6 +8,7 @@ and give up together without another collective.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,10 +42,12 @@ class NonFiniteGuard:
     skipped: int = 0
     in_a_row: int = 0
 
-    def admit(self, grad: torch.Tensor, where: str) -> bool:
+    def admit(self, grad: torch.Tensor, where: str, norm: torch.Tensor | None = None) -> bool:
         """True: `grad` is finite, step on it. False: skip this minibatch (logged). Raises UnstableUpdate at the
-        limit."""
-        if bool(torch.isfinite(grad).all()):
+        limit. `norm`: `grad`'s L2 norm when the caller takes it anyway (to clip): a finite norm proves every element
+        finite, so only a non-finite one (a NaN or inf element, or squares past float range) costs the element check.
+        """
+        if (norm is not None and math.isfinite(norm)) or bool(torch.isfinite(grad).all()):
             self.in_a_row = 0
             return True
         self.skipped += 1
