@@ -152,11 +152,15 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args: argparse.Namespace) -> dict[str, Any]:
     from flows import progress
     from flows.summary import print_summary
-    from flows.train_control import train_control
     from rl_core.run_presets import build_config
     from rl_core.runtime.actors import RunActors
 
-    summary = _run_flow(args, launch_options(), build_config, RunActors, train_control, progress.CONTROL_COLUMNS,
+    def load_flow() -> Callable:
+        from flows.train_control import train_control
+
+        return train_control
+
+    summary = _run_flow(args, launch_options(), build_config, RunActors, load_flow, progress.CONTROL_COLUMNS,
                         print_summary)
     return {**{k: summary[k] for k in SUMMARY_KEYS}, "checkpoint_bytes": summary["checkpoints"]["stored_bytes"]}
 
@@ -164,46 +168,55 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
 def _train_agent(args: argparse.Namespace) -> dict[str, Any]:
     from flows import progress
     from flows.summary import print_agent_summary
-    from flows.train_agent import train_agent
     from rl_core.agent_presets import build_agent_config
     from rl_core.runtime.agent_actors import AgentActors
 
-    summary = _run_flow(args, agent_launch_options(), build_agent_config, AgentActors, train_agent,
+    def load_flow() -> Callable:
+        from flows.train_agent import train_agent
+
+        return train_agent
+
+    summary = _run_flow(args, agent_launch_options(), build_agent_config, AgentActors, load_flow,
                         progress.AGENT_COLUMNS, print_summary=print_agent_summary)
     return {k: summary[k] for k in AGENT_SUMMARY_KEYS}
 
 
 def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: Callable, actors_of: Callable,
-              flow: Callable, columns: tuple[str, ...], print_summary: Callable) -> dict[str, Any]:
-    """Validate the options, start Prefect's API and the run's actors side by side, run `flow` under a progress
-    bar, print its summary; the summary with `command_s`, the whole command's seconds, and `startup_s`, from the
-    process's start (the interpreter and every import included) to the start of the first iteration it trained
-    (None when it trained none)."""
+              load_flow: Callable[[], Callable], columns: tuple[str, ...], print_summary: Callable) -> dict[str, Any]:
+    """Validate the options; start Prefect's temporary API (when none is configured), Ray and the run's actors, and
+    import the flow (`load_flow`), each without waiting for the one before (see flows/startup.py); run the flow under
+    a progress bar and print its summary. Returns the summary with `command_s`, the whole command's seconds, and
+    `startup_s`, from the process's start (the interpreter and every import included) to the start of the first
+    iteration it trained (None when it trained none)."""
     import psutil
     from rich.console import Console
 
     from flows import progress
     from flows.orphan_guard import guard
-    from flows.startup import lean_temporary_api, start_api_and_actors
     from rl_core.config import require_shared_store
 
     started = time.perf_counter()
     console = Console(stderr=False)
-    _quiet_prefect(args.verbose)
     options = {name: getattr(args, name) for name in table}
     cfg = build(**options)  # fails here, before anything starts, on a bad value
     require_shared_store(cfg.storage.url)
     guard()  # what this command starts (Prefect's temporary API, Ray) ends with it, even when it is SIGKILLed
+    from flows.startup import api_for_the_run, start_temporary_api
+
+    api = start_temporary_api()
     # A credentials block is read through the API, and Ray's workers must start with what it holds: then the flow
     # starts Ray itself, once the credentials are exported.
-    with lean_temporary_api():
-        actors = None if args.store_credentials_block else start_api_and_actors(actors_of(cfg))
-        try:
-            with progress.terminal_progress(console, columns):
-                summary = flow(**options, store_credentials_block=args.store_credentials_block)
-        finally:
-            if actors is not None:
-                actors.release()  # the flow releases what it used; this catches actors of a flow that never ran
+    actors = None if args.store_credentials_block else actors_of(cfg)
+    try:
+        if actors is not None:
+            actors.start()
+        flow = load_flow()
+        _quiet_prefect(args.verbose)
+        with api_for_the_run(api), progress.terminal_progress(console, columns):
+            summary = flow(**options, store_credentials_block=args.store_credentials_block)
+    finally:
+        if actors is not None:
+            actors.release()  # the flow releases what it used; this catches actors of a flow that never ran
     summary["command_s"] = round(time.perf_counter() - started, 2)
     first = summary.pop("first_iteration_at", None)
     summary["startup_s"] = None if first is None else round(first - psutil.Process().create_time(), 2)

@@ -1,6 +1,6 @@
-"""A command's temporary Prefect API records nothing nobody can read (task runs, events, logs), and a flow still
-runs on it to completion; a configured API is left as it is. Each case runs in a fresh interpreter: the temporary
-API is a per-process singleton, and the test session has its own API configured."""
+"""A command's temporary Prefect API records nothing nobody can read (task runs, events, logs), a flow still runs on
+it to completion, and the command never imports Prefect's server (it runs in its own process); a configured API is
+left as it is. Each case runs in a fresh interpreter: the test session has its own API configured."""
 from __future__ import annotations
 
 import json
@@ -15,15 +15,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = r'''
 import contextlib, json, sys, time
-from pathlib import Path
 import psutil
 from prefect import flow, get_client, task
-from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import get_current_settings
-from flows.startup import lean_temporary_api, start_api_and_actors
-
-class NoActors:
-    def start(self) -> None: ...
+from flows.startup import api_for_the_run, start_temporary_api
 
 @task
 def double(x: int) -> int:
@@ -41,10 +36,17 @@ async def task_runs(flow_run_id):
         return run.state.type.value, len(runs)
 
 lean = sys.argv[1] == "lean"
-with lean_temporary_api() if lean else contextlib.nullcontext():
-    start_api_and_actors(NoActors())
-    environ = psutil.Process(SubprocessASGIServer().server_process.pid).environ()
+api = start_temporary_api() if lean else None
+with api_for_the_run(api):
     state = tiny(return_state=True)
+    if lean:
+        server = api.process
+    else:
+        from prefect.server.api.server import SubprocessASGIServer
+        server = SubprocessASGIServer().server_process
+    environ = psutil.Process(server.pid).environ()
+    listening = {c.laddr.ip for c in psutil.Process(server.pid).net_connections(kind="tcp") if c.status == "LISTEN"}
+    server_imported = "prefect.server.api.server" in sys.modules
     import asyncio
     deadline = time.monotonic() + 8
     while True:  # the recorder works behind the API: wait for the task run (lean: for the same time, for none)
@@ -54,7 +56,11 @@ with lean_temporary_api() if lean else contextlib.nullcontext():
         time.sleep(0.5)
     print(json.dumps({"result": state.result(), "flow_state": flow_state, "task_runs": recorded,
                       "recorder": environ.get("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED"),
-                      "logs_to_api": get_current_settings().logging.to_api.enabled}))
+                      "logs_to_api": get_current_settings().logging.to_api.enabled,
+                      "listening": sorted(listening), "server_imported": server_imported}))
+if lean:
+    api.stop()
+    assert server.poll() is not None, "the temporary API outlived its stop()"
 '''
 
 
@@ -70,22 +76,40 @@ def _run(mode: str, tmp_path: Path) -> dict:
 @pytest.mark.slow
 def test_a_temporary_api_records_no_task_runs_and_still_runs_the_flow(tmp_path) -> None:
     plain = _run("plain", tmp_path)
-    assert plain == {"result": 42, "flow_state": "COMPLETED", "task_runs": 1, "recorder": None, "logs_to_api": True}
+    assert plain == {"result": 42, "flow_state": "COMPLETED", "task_runs": 1, "recorder": None, "logs_to_api": True,
+                     "listening": ["127.0.0.1"], "server_imported": True}
     lean = _run("lean", tmp_path)
     assert lean == {"result": 42, "flow_state": "COMPLETED", "task_runs": 0, "recorder": "False",
-                    "logs_to_api": False}
+                    "logs_to_api": False, "listening": ["127.0.0.1"], "server_imported": False}
 
 
 def test_a_configured_api_keeps_its_records() -> None:
-    from prefect.settings import (
-        PREFECT_API_URL,
-        get_current_settings,
-        temporary_settings,
-    )
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
-    from flows.startup import lean_temporary_api
+    from flows.startup import api_for_the_run, start_temporary_api
 
-    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}), lean_temporary_api():
-        settings = get_current_settings()
-        assert settings.logging.to_api.enabled
-        assert settings.server.services.task_run_recorder.enabled
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        api = start_temporary_api()
+        assert api is None
+        with api_for_the_run(api):
+            settings = get_current_settings()
+            assert settings.api.url == "http://127.0.0.1:9/api"
+            assert settings.logging.to_api.enabled
+            assert settings.server.services.task_run_recorder.enabled
+
+
+def test_a_temporary_api_that_cannot_start_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    """A server that exits before answering (here: its Python cannot import the app) names its status and the way
+    out, instead of waiting for the start-up timeout."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.startup import TemporaryApi
+
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    (tmp_path / "uvicorn.py").write_text("raise SystemExit(7)\n")  # `python -m uvicorn` finds this one first
+    with temporary_settings(updates={PREFECT_API_URL: None}):
+        api = TemporaryApi()
+        api.start()
+        with pytest.raises(RuntimeError, match="exited with status 7 .*PREFECT_API_URL"):
+            api.wait()
+        api.stop()
