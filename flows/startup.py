@@ -10,9 +10,8 @@ run, so the flow's own actors object finds the ones started here.
 The command starts the API server process itself (`TemporaryApi`), with the command line, the environment and the
 settings Prefect's own temporary server gets (`prefect.server.api.server.SubprocessASGIServer`), and hands the flow
 its address as the configured API. Why not Prefect's class: importing its module imports the whole server (its
-app, routers and database layer: ~1.8 s of CPU here) into the command, on the critical path of a start-up whose
-two cores are already busy, for a server that runs in another process. A 1-iteration quick run's `startup_s`:
-9.3-10.1 s this way, 11.4-12.4 s with Prefect's class (three runs each, alternating).
+app, routers and database layer) into the command, on the critical path of a start-up that keeps a small machine's
+cores busy, for a server that runs in another process (README's start-up row has the figures).
 """
 from __future__ import annotations
 
