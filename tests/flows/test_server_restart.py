@@ -25,7 +25,9 @@ from tests.prefect_server import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
-ITERATIONS = 8
+ITERATIONS = 16
+"""Enough that the run is still iterating once the server has stopped: it is stopped (gracefully, which takes seconds)
+once version 2 lands, and a quick iteration takes ~0.35 s; with 8 the run had sometimes finished by then."""
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
 
