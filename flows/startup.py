@@ -150,11 +150,11 @@ def start_temporary_api() -> TemporaryApi | None:
 
 @contextlib.contextmanager
 def api_for_the_run(api: TemporaryApi | None) -> Iterator[None]:
-    """Within: Prefect's clients use `api`, once it answers, and send it no logs (`UNREAD_RECORDS_OFF`); with no
-    temporary API, the configured one as it is."""
+    """Within: Prefect's clients use `api`, once it answers, in the settings it was started with
+    (`UNREAD_RECORDS_OFF`: no logs sent to it); with no temporary API, the configured one as it is."""
     if api is None:
         yield
         return
     api.wait()
-    with temporary_settings(updates={PREFECT_API_URL: api.url, PREFECT_LOGGING_TO_API_ENABLED: False}):
+    with temporary_settings(updates={**UNREAD_RECORDS_OFF, PREFECT_API_URL: api.url}):
         yield
