@@ -497,9 +497,7 @@ class CheckpointStore:
     def _write_chunks(self, payloads: dict[str, bytes]) -> None:
         """Upload every object (always: an existing object of the same name may be an orphan that gc is
         about to delete; uploading refreshes it, see the module docstring)."""
-        put = self._objects.put_whole
-        self._map(lambda sha, data: put(self._objects.chunk_path(sha), data), list(payloads.items()),
-                  sum(len(data) for data in payloads.values()))
+        self._objects.put_many([(self._objects.chunk_path(sha), data) for sha, data in payloads.items()], self._map)
 
     def _next_version(self) -> int:
         committed, claimed = self._objects.scan()

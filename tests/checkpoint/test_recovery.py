@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from rl_core.checkpoint import CheckpointError, CheckpointStore, StorageError
+from rl_core.checkpoint import CheckpointError, CheckpointStore, StorageError, objects
 from rl_core.runtime.commits import newest_valid_version
 from tests.checkpoint.store_helpers import (
     chunk_path,
@@ -60,24 +61,34 @@ def test_only_the_newest_version_can_be_set_aside(url: str) -> None:
     assert newest_valid_version(store) == (2, [])
 
 
-def test_local_writes_are_fsynced_chunks_then_manifest_then_marker(tmp_path, monkeypatch) -> None:
+def test_local_writes_are_flushed_chunks_then_manifest_then_marker(tmp_path, monkeypatch) -> None:
+    """Each write the commit protocol orders reaches the disk before the next: the chunks (flushed together with
+    syncfs where Linux has it, else one fsync each), then the manifest, then the commit marker."""
     synced: list[str] = []
-    real_fsync = os.fsync
+    real_fsync, real_flush = os.fsync, objects._flush_filesystem
 
     def recording_fsync(fd: int) -> None:
         synced.append(os.readlink(f"/proc/self/fd/{fd}"))
         real_fsync(fd)
 
+    def recording_flush(directory: str) -> None:
+        synced.extend(str(p) for p in Path(directory, "chunks").rglob("*") if p.is_file())  # all it makes durable
+        real_flush(directory)
+
     store = CheckpointStore(f"file://{tmp_path}/ck", workers=1)
     monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(objects, "_flush_filesystem", recording_flush)
     store.commit(policy_state(1), {})
     files = [p for p in synced if not os.path.isdir(p)]
     kinds = ["marker" if p.endswith(".commit") else "manifest" if p.endswith(".json") else "chunk"
              for p in (f.split(".tmp-")[0] for f in files)]
     assert kinds[-2:] == ["manifest", "marker"] and set(kinds[:-2]) == {"chunk"}, kinds
     assert f"{tmp_path}/ck/versions" in synced  # the directory that holds the marker
-    assert any(p.startswith(f"{tmp_path}/ck/chunks/") and os.path.isdir(p) for p in synced)
     assert synced.index(f"{tmp_path}/ck/versions") > max(i for i, p in enumerate(synced) if p.endswith(".json"))
+    if objects._SYNCFS is None:  # one fsync per chunk and per directory it lands in
+        assert any(p.startswith(f"{tmp_path}/ck/chunks/") and os.path.isdir(p) for p in synced)
+    else:  # the whole commit's chunks: written, flushed, renamed, flushed again
+        assert kinds.count("chunk") == 2 * len(list(Path(tmp_path, "ck", "chunks").rglob("*/*")))
 
 
 def _closed_port() -> int:
