@@ -41,7 +41,7 @@ from rl_core.iteration_clock import IterationClock, StepWaits
 from rl_core.launch_options import agent_launch_options
 from rl_core.runtime.agent_actors import AgentActors
 from tasks.caching import step_incarnation
-from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init
+from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init, release_flow_run_writer
 from tasks.evaluate import evaluate
 from tasks.kernel_autotune import kernel_autotune
 from tasks.rollout import rollout
@@ -108,6 +108,7 @@ def train_agent(**options: Any) -> dict:
                               "checkpoint_bytes": committed["encoded_bytes"], "iteration_s": seconds})
         final = evaluate(cfg, actors, incarnation, version)
     finally:
+        release_flow_run_writer()
         actors.release()
         lease.release()
         if report is not None:

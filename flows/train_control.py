@@ -44,7 +44,7 @@ from rl_core.iteration_clock import IterationClock, StepWaits
 from rl_core.run_presets import build_config
 from rl_core.runtime.actors import RunActors
 from tasks.caching import step_incarnation
-from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init
+from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init, release_flow_run_writer
 from tasks.evaluate import evaluate
 from tasks.kernel_autotune import kernel_autotune
 from tasks.render_video import render_final_version
@@ -157,6 +157,7 @@ def train_control(**options: Any) -> dict:
         if cfg.eval_video:
             render_final_version(cfg, version)
     finally:
+        release_flow_run_writer()
         actors.release()
         lease.release()
         if report is not None:

@@ -1,15 +1,19 @@
 """checkpoint_diff: commit the iteration's state as a delta version (and version 0 at a run's start)."""
 from __future__ import annotations
 
+import threading
+
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.context import TaskRunContext
 
 from rl_core.agent_config import AnyRunConfig
 from rl_core.algos.base import algorithm_of
 from rl_core.data import read_tensors
 from rl_core.runtime.actors import RunActors
 from rl_core.runtime.agent_actors import AgentActors
-from rl_core.runtime.commits import commit_initial, commit_iteration, remove_staged
+from rl_core.checkpoint import CheckpointStore
+from rl_core.runtime.commits import commit_initial, commit_iteration, remove_staged, writer_store
 from tasks.caching import STEP_OPTIONS, step_cache_key
 from tasks.sft_warm_start import sft_warm_start
 
@@ -46,4 +50,27 @@ def checkpoint_diff(
     cfg: AnyRunConfig, incarnation: str, iteration: int, version: int, staged: str, experience: list[str]
 ) -> dict:
     """Commit version+1 (learner, and env states where there are envs) as a lossless delta against `version`."""
-    return commit_iteration(cfg, iteration, version, staged, experience)
+    return commit_iteration(cfg, iteration, version, staged, experience, _flow_run_writer(cfg))
+
+
+_writer_lock = threading.Lock()
+_writer: tuple[tuple[str, str], CheckpointStore] | None = None  # (flow run id, run URL) and its store
+
+
+def _flow_run_writer(cfg: AnyRunConfig) -> CheckpointStore:
+    """The store this flow run commits through, kept across its iterations (see `commit_iteration`). Keyed by the
+    flow run: while it lives, the run's lease makes it the run's only writer; a rerun opens the store afresh."""
+    global _writer
+    key = (str(TaskRunContext.get().task_run.flow_run_id), cfg.run_url)
+    with _writer_lock:
+        if _writer is None or _writer[0] != key:
+            _writer = (key, writer_store(cfg))
+        return _writer[1]
+
+
+def release_flow_run_writer() -> None:
+    """Drop the kept store at the flow run's end: it holds the base's tensors, which a long-lived worker process
+    would otherwise keep until its next run."""
+    global _writer
+    with _writer_lock:
+        _writer = None

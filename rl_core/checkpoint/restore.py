@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -23,6 +24,10 @@ from .objects import StoreObjects
 
 logger = logging.getLogger("rl_core.checkpoint")
 
+MANIFESTS_CACHED = 32
+"""Parsed manifests a reader keeps (the most recently used): a writer that lives for a whole run reads or writes one
+per commit, so an unbounded cache would grow with the run."""
+
 JobRunner = Callable[[Callable[..., Any], list[Any], int], list[Any]]
 """Runs ``fn(*item)`` for each item (``nbytes`` of data in all), in order: the store's worker threads."""
 
@@ -34,11 +39,11 @@ class VersionReader:
         self._objects = objects
         self._url = url
         self._run_jobs = run_jobs
-        self._manifests: dict[int, Manifest] = {}
+        self._manifests: OrderedDict[int, Manifest] = OrderedDict()
 
     def remember(self, manifest: Manifest) -> None:
         """Cache a manifest this process committed."""
-        self._manifests[manifest.version] = manifest
+        self._cache(manifest)
 
     def forget(self, version: int) -> None:
         """Drop a deleted version's manifest."""
@@ -51,6 +56,7 @@ class VersionReader:
         """Parse a committed version's manifest; ``requested`` is the version being restored, for errors."""
         cached = self._manifests.get(version)
         if cached is not None:
+            self._manifests.move_to_end(version)
             return cached
         path = self._objects.manifest_path(version)
 
@@ -68,8 +74,14 @@ class VersionReader:
             raise corrupt(f"manifest {path} is not a valid schema 2 or 3 manifest ({str(exc)[:300]})") from None
         if manifest.version != version:
             raise corrupt(f"manifest {path} says it is version {manifest.version}")
-        self._manifests[version] = manifest
+        self._cache(manifest)
         return manifest
+
+    def _cache(self, manifest: Manifest) -> None:
+        self._manifests[manifest.version] = manifest
+        self._manifests.move_to_end(manifest.version)
+        while len(self._manifests) > MANIFESTS_CACHED:
+            self._manifests.popitem(last=False)
 
     def _check_against_marker(self, version: int, path: str, data: bytes,
                               corrupt: Callable[[str], ManifestCorruptError]) -> None:

@@ -262,6 +262,9 @@ class CheckpointStore:
             self._reader.remember(manifest)
             self._head = manifest
             self._probes = _Probes(version, probes, fresh_ratio)
+            if is_base and self._base is not None:  # forget objects from before the previous base's cycle: a
+                # writer kept for a whole run then remembers two cycles' objects, not the run's
+                self._known = {sha: v for sha, v in self._known.items() if v >= self._base.version}
             for sha in manifest.objects():
                 self._known.setdefault(sha, version)
             if is_base:
@@ -300,6 +303,11 @@ class CheckpointStore:
     def manifest(self, version: int) -> dict[str, Any]:
         """The manifest of a committed version as a JSON-compatible dict (a copy)."""
         return json.loads(self._committed_manifest(version).to_json_bytes())
+
+    def meta(self, version: int) -> dict[str, Any]:
+        """The JSON meta of a committed version (a copy), without serialising its tensors' entries as
+        ``manifest`` does."""
+        return copy.deepcopy(self._committed_manifest(version).meta)
 
     def size_report(self, version: int) -> dict[str, Any]:
         """``encoded_bytes``: bytes this version's commit added to storage ("same" chunks and objects already

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rl_core.checkpoint import CheckpointStore, VersionConflictError
+from rl_core.checkpoint.restore import MANIFESTS_CACHED
 from tests.checkpoint.store_helpers import (
     DELTA_CODECS,
     all_files,
@@ -91,6 +92,30 @@ def test_delta_chain_over_several_full_snapshots_restores_every_version(url: str
         snap = fresh.load(v)
         assert snap.version == v and snap.meta == {"i": v}
         assert_same_tensors(snap.tensors, history[v])
+
+
+def test_a_writer_kept_for_a_whole_run_stays_bounded_and_every_version_loads(url: str) -> None:
+    """A flow run keeps its store across all its commits: the manifests it caches (the newest MANIFESTS_CACHED) and
+    the objects it remembers as uploaded (those of the newest two base cycles) stay bounded, and every version
+    loads."""
+    rng = np.random.default_rng(5)
+    store = CheckpointStore(url, full_every=4)
+    state = policy_state(5)
+    history = []
+    for i in range(MANIFESTS_CACHED + 9):
+        assert store.commit(state, {"i": i}) == i
+        history.append({k: v.copy() for k, v in state.items()})
+        state = optimizer_step(state, rng)
+        assert len(store._reader._manifests) <= MANIFESTS_CACHED
+    bases = [v for v in range(len(history)) if store.manifest(v)["base"] is None]
+    assert len(bases) > 3 and min(store._known.values()) == bases[-2]
+    newest_base = bases[-1]
+    meta = store.meta(0)  # no longer cached: read again
+    meta["i"] = "changed"
+    assert store.meta(0) == {"i": 0}
+    fresh = CheckpointStore(url)
+    for v in (0, 1, newest_base - 1, len(history) - 1):
+        assert_same_tensors(fresh.load(v).tensors, history[v])
 
 
 def test_unchanged_tensors_cost_no_new_chunk(url: str) -> None:

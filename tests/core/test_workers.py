@@ -14,7 +14,7 @@ from rl_core.algos.base import build_learner
 from rl_core.checkpoint import CheckpointStore
 from rl_core.data import RunLayout, read_tensors, write_tensors
 from rl_core.run_presets import build_config
-from rl_core.runtime.commits import commit_initial, commit_iteration
+from rl_core.runtime.commits import commit_initial, commit_iteration, writer_store
 from rl_core.runtime.env_worker import EnvWorker
 from rl_core.runtime.trainer import TrainerRank
 from tasks.score import score
@@ -105,3 +105,23 @@ def test_an_uncommitted_version_without_its_step_outputs_is_a_clear_error(cfg) -
     _start_run(cfg)
     with pytest.raises(RuntimeError, match="version 3 of .* is not committed and iteration 2 left none of the learner state"):
         EnvWorker(cfg.model_dump_json(), 0).simulate(3, 3)
+
+
+def test_a_kept_writer_commits_what_fresh_stores_commit(cfg) -> None:
+    """A flow run keeps one store across its commits (`writer_store`); every version it writes restores to the
+    bytes the step outputs held, as when each commit opened the store afresh."""
+    _start_run(cfg)
+    layout = RunLayout(cfg.run_url)
+    kept = writer_store(cfg)
+    worker = EnvWorker(cfg.model_dump_json(), 0)
+    learner = build_learner(cfg)
+    for iteration in range(cfg.storage.full_every + 2):  # across a rebase
+        sim = worker.simulate(iteration, iteration)
+        state = {name: value + iteration for name, value in learner.state().items()}
+        write_tensors(layout.staged_learner(iteration), state)
+        committed = commit_iteration(cfg, iteration, iteration, layout.staged_learner(iteration), [sim["uri"]], kept)
+        assert committed["version"] == iteration + 1
+        restored = CheckpointStore(layout.checkpoints).load(iteration + 1)
+        for name, value in state.items():
+            assert np.array_equal(restored.tensors[name], value), (iteration, name)
+        assert restored.meta["iteration"] == iteration + 1
