@@ -285,7 +285,13 @@ def encode_version(
             costs = (delta_cost(now, probe(rr, itemsize), itemsize), delta_cost(now, parent_probe, itemsize))
         return off, int(raw.size), fields, payload, now, costs
 
-    results = run_jobs(run, jobs, sum(job[0].size for job in jobs))
+    # Largest chunks first: the worker threads then end together instead of one encoding a big chunk it took last
+    # while the others idle. Results go back to manifest order.
+    largest_first = sorted(range(len(jobs)), key=lambda j: -jobs[j][0].size)
+    results = [None] * len(jobs)
+    for j, result in zip(largest_first, run_jobs(run, [jobs[j] for j in largest_first],
+                                                 sum(job[0].size for job in jobs))):
+        results[j] = result
     entries: dict[str, TensorEntry] = {}
     payloads: dict[str, bytes] = {}
     probes: dict[tuple[str, int], np.ndarray] = {}
