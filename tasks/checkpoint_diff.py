@@ -9,10 +9,10 @@ from prefect.context import TaskRunContext
 
 from rl_core.agent_config import AnyRunConfig
 from rl_core.algos.base import algorithm_of
+from rl_core.checkpoint import CheckpointStore
 from rl_core.data import read_tensors
 from rl_core.runtime.actors import RunActors
 from rl_core.runtime.agent_actors import AgentActors
-from rl_core.checkpoint import CheckpointStore
 from rl_core.runtime.commits import commit_initial, commit_iteration, remove_staged, writer_store
 from tasks.caching import STEP_OPTIONS, step_cache_key
 from tasks.sft_warm_start import sft_warm_start

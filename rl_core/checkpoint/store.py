@@ -262,8 +262,9 @@ class CheckpointStore:
             self._reader.remember(manifest)
             self._head = manifest
             self._probes = _Probes(version, probes, fresh_ratio)
-            if is_base and self._base is not None:  # forget objects from before the previous base's cycle: a
-                # writer kept for a whole run then remembers two cycles' objects, not the run's
+            if is_base and self._base is not None:
+                # forget objects from before the previous base's cycle: a writer kept for a whole run then remembers
+                # two cycles' objects, not the whole run's
                 self._known = {sha: v for sha, v in self._known.items() if v >= self._base.version}
             for sha in manifest.objects():
                 self._known.setdefault(sha, version)

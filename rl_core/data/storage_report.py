@@ -29,7 +29,7 @@ def storage_report(cfg: AnyRunConfig) -> dict:
     latest = versions[-1]
     reports = [store.size_report(v) for v in versions]
     fs, path = fsspec.core.url_to_fs(RunLayout(cfg.run_url).checkpoints)
-    meta = store.manifest(latest)["meta"]
+    meta = store.meta(latest)
     counters = {k: v for k, v in meta.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {
         "versions": len(versions),

@@ -90,7 +90,7 @@ def commit_iteration(cfg: RunConfig, iteration: int, version: int, staged: str, 
 
     ``store``: the run's `writer_store`, kept by a caller that is the run's only writer (a flow run holding the
     run's lease) across its commits: each then encodes against the base and the probes the previous commit left in
-    memory (in a quick flow run, re-reading them was 14% of the step's time). None opens the store afresh."""
+    memory (in a quick flow run, re-reading them was 14% of the step's profile samples). None opens the store afresh."""
     store = store or writer_store(cfg)
     latest = store.latest()
     if latest == version + 1:
