@@ -153,14 +153,18 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     from flows import progress
     from flows.summary import print_summary
     from rl_core.run_presets import build_config
-    from rl_core.runtime.actors import RunActors
+
+    def actors_of(cfg: Any) -> Any:
+        from rl_core.runtime.actors import RunActors
+
+        return RunActors(cfg)
 
     def load_flow() -> Callable:
         from flows.train_control import train_control
 
         return train_control
 
-    summary = _run_flow(args, launch_options(), build_config, RunActors, load_flow, progress.CONTROL_COLUMNS,
+    summary = _run_flow(args, launch_options(), build_config, actors_of, load_flow, progress.CONTROL_COLUMNS,
                         print_summary)
     return {**{k: summary[k] for k in SUMMARY_KEYS}, "checkpoint_bytes": summary["checkpoints"]["stored_bytes"]}
 
@@ -169,14 +173,18 @@ def _train_agent(args: argparse.Namespace) -> dict[str, Any]:
     from flows import progress
     from flows.summary import print_agent_summary
     from rl_core.agent_presets import build_agent_config
-    from rl_core.runtime.agent_actors import AgentActors
+
+    def actors_of(cfg: Any) -> Any:
+        from rl_core.runtime.agent_actors import AgentActors
+
+        return AgentActors(cfg)
 
     def load_flow() -> Callable:
         from flows.train_agent import train_agent
 
         return train_agent
 
-    summary = _run_flow(args, agent_launch_options(), build_agent_config, AgentActors, load_flow,
+    summary = _run_flow(args, agent_launch_options(), build_agent_config, actors_of, load_flow,
                         progress.AGENT_COLUMNS, print_summary=print_agent_summary)
     return {k: summary[k] for k in AGENT_SUMMARY_KEYS}
 
@@ -201,11 +209,15 @@ def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: C
     cfg = build(**options)  # fails here, before anything starts, on a bad value
     require_shared_store(cfg.storage.url)
     guard()  # what this command starts (Prefect's temporary API, Ray) ends with it, even when it is SIGKILLed
+    # A credentials block is read through the API, and Ray's workers must start with what it holds: then the flow
+    # starts Ray itself, once the credentials are exported.
+    if not args.store_credentials_block:
+        from rl_core.runtime.local_ray import start_ray_in_background
+
+        start_ray_in_background(cfg.actor_cpus)  # while this thread imports torch and Prefect (flows/startup.py)
     from flows.startup import api_for_the_run, start_temporary_api
 
     api = start_temporary_api()
-    # A credentials block is read through the API, and Ray's workers must start with what it holds: then the flow
-    # starts Ray itself, once the credentials are exported.
     actors = None if args.store_credentials_block else actors_of(cfg)
     try:
         if actors is not None:

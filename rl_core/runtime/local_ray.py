@@ -7,7 +7,11 @@ and only then: importing this package changes nothing, and a cluster named in `R
 """
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import sys
+import threading
 import time
 
 import ray
@@ -26,13 +30,72 @@ LOCAL_RAY_DEFAULTS = {
 _inherited_env: dict[str, str] | None = None
 """GYMFLOW_* settings the workers of the local Ray this process started inherit (None: not a Ray of ours)."""
 
+_init_lock = threading.Lock()  # one `ray.init` at a time: a caller that finds one under way waits for it
+_background: threading.Thread | None = None  # `start_ray_in_background`'s thread (it lives as long as the process)
+_background_done = threading.Event()  # set once its `ensure_ray` has returned or raised
+_background_error: BaseException | None = None  # what it raised, raised again to the next caller of `ensure_ray`
+
 
 def ensure_ray(num_cpus: int | None = None) -> None:
-    """Join `RAY_ADDRESS` if set, else start a local Ray with at least `num_cpus` logical CPUs.
+    """Join `RAY_ADDRESS` if set, else start a local Ray with at least `num_cpus` logical CPUs; when
+    `start_ray_in_background` began that already, wait for it (raising what it raised).
 
     Logical CPUs may exceed the cores: env workers and trainer ranks take turns (simulate, then
     train), so reserving a core each for both would leave half of them idle.
     """
+    if threading.current_thread() is not _background:
+        _wait_for_background_start()
+    with _init_lock:
+        _init_ray(num_cpus)
+
+
+def start_ray_in_background(num_cpus: int | None = None) -> None:
+    """Begin `ensure_ray(num_cpus)` on a thread and return at once; the next `ensure_ray` call waits for it.
+
+    Why: `ray.init` takes ~3.7 s here even on a quiet machine, most of it waiting for the processes it starts (its
+    GCS, dashboard and raylet, each importing its modules), and a command can import torch and its own modules
+    meanwhile instead of after.
+    Two constraints shape it. Ray starts its processes with PR_SET_PDEATHSIG, which Linux fires when the *thread*
+    that started them ends, not the process: so the thread stays (parked, a daemon) for the process's life. And
+    only the main thread may set a signal handler: the SIGTERM handler `ray.init` sets (exit, so the exit handlers
+    stop what the command started) is set by the `ensure_ray` call that waits, when that is the main thread.
+    """
+    global _background
+    if ray.is_initialized() or _background is not None:
+        return
+    logging.getLogger("ray._private.worker").addFilter(_no_sigterm_warning)
+    _background = threading.Thread(target=_start_and_stay, args=(num_cpus,), name="ray-start", daemon=True)
+    _background.start()
+
+
+def _start_and_stay(num_cpus: int | None) -> None:
+    global _background_error
+    try:
+        ensure_ray(num_cpus)
+    except BaseException as exc:  # noqa: BLE001 - handed to the caller that waits for this start
+        _background_error = exc
+    _background_done.set()
+    threading.Event().wait()  # never returns: Ray's processes are killed when this thread ends (see above)
+
+
+def _no_sigterm_warning(record: logging.LogRecord) -> bool:
+    """Drop the warning `ray.init` logs off the main thread: the waiting `ensure_ray` sets that handler itself."""
+    return not record.getMessage().startswith("SIGTERM handler is not set")
+
+
+def _wait_for_background_start() -> None:
+    global _background_error
+    if _background is None:
+        return
+    _background_done.wait()
+    error, _background_error = _background_error, None
+    if error is not None:
+        raise error
+    if threading.current_thread() is threading.main_thread() and ray.is_initialized():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))  # as `ray.init` sets it
+
+
+def _init_ray(num_cpus: int | None) -> None:
     global _inherited_env
     if ray.is_initialized():
         return
