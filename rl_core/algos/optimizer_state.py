@@ -4,11 +4,12 @@ from __future__ import annotations
 import torch
 
 from rl_core.algos.base import Tensors
+from rl_core.algos.fused_adam import FusedAdam
 
 PREFIX = "optim."
 
 
-def optimizer_arrays(optimizer: torch.optim.Optimizer | None) -> Tensors:
+def optimizer_arrays(optimizer: FusedAdam | torch.optim.Optimizer | None) -> Tensors:
     """Every per-parameter slot (Adam: step, exp_avg, exp_avg_sq) as `optim.<index>.<slot>`; none before the
     optimizer exists or has stepped."""
     slots = optimizer.state_dict()["state"] if optimizer is not None else {}
@@ -16,7 +17,7 @@ def optimizer_arrays(optimizer: torch.optim.Optimizer | None) -> Tensors:
             for idx, values in slots.items() for key, value in values.items()}
 
 
-def load_optimizer_arrays(optimizer: torch.optim.Optimizer, state: Tensors) -> None:
+def load_optimizer_arrays(optimizer: FusedAdam | torch.optim.Optimizer, state: Tensors) -> None:
     """Restore the slots `optimizer_arrays` wrote (other keys of `state` are ignored)."""
     slots: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in state.items():

@@ -16,6 +16,7 @@ import torch
 
 import gymflow_kernels as kernels
 from rl_core.algos.adam_step import AdamStep
+from rl_core.algos.fused_adam import FusedAdam
 from rl_core.algos.base import Epochs, UpdateHooks
 from rl_core.algos.batches import ScoredBatch
 from rl_core.algos.gradients import clip_grad_norm_, flat_grad_views
@@ -143,7 +144,7 @@ def minibatch_gradient(
 
 def ppo_update(
     model: ActorCritic,
-    optimizer: torch.optim.Optimizer,
+    optimizer: FusedAdam | torch.optim.Optimizer,
     batch: RolloutBatch,
     cfg: PPOConfig,
     generator_seed: int,
@@ -163,7 +164,7 @@ def ppo_update(
     for group in optimizer.param_groups:
         group["lr"] = learning_rate
     grad = flat_grad_views(model.ordered_parameters)
-    step = AdamStep(optimizer)
+    step = optimizer.step if isinstance(optimizer, FusedAdam) else AdamStep(optimizer)
     guard = NonFiniteGuard("PPO", cfg.nonfinite_limit, hooks.rank)
     size, rank, world = len(batch), hooks.rank, hooks.world_size
     starts = range(0, size, cfg.minibatch_size)
