@@ -1,6 +1,6 @@
-"""A command's temporary Prefect API records nothing nobody can read (task runs, events, logs), a flow still runs on
-it to completion, and the command never imports Prefect's server (it runs in its own process); a configured API is
-left as it is. Each case runs in a fresh interpreter: the test session has its own API configured."""
+"""A command's temporary Prefect API records nothing nobody can read (task runs, events, logs, heartbeats), a flow
+still runs on it to completion, and the command never imports Prefect's server (it runs in its own process); a
+configured API is left as it is. Each case runs in a fresh interpreter: the test session has its own API configured."""
 from __future__ import annotations
 
 import json
@@ -57,6 +57,7 @@ with api_for_the_run(api):
     print(json.dumps({"result": state.result(), "flow_state": flow_state, "task_runs": recorded,
                       "recorder": environ.get("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED"),
                       "logs_to_api": get_current_settings().logging.to_api.enabled,
+                      "heartbeat_s": get_current_settings().flows.heartbeat_frequency,
                       "listening": sorted(listening), "server_imported": server_imported}))
 if lean:
     api.stop()
@@ -77,10 +78,10 @@ def _run(mode: str, tmp_path: Path) -> dict:
 def test_a_temporary_api_records_no_task_runs_and_still_runs_the_flow(tmp_path) -> None:
     plain = _run("plain", tmp_path)
     assert plain == {"result": 42, "flow_state": "COMPLETED", "task_runs": 1, "recorder": None, "logs_to_api": True,
-                     "listening": ["127.0.0.1"], "server_imported": True}
+                     "heartbeat_s": 180, "listening": ["127.0.0.1"], "server_imported": True}
     lean = _run("lean", tmp_path)
     assert lean == {"result": 42, "flow_state": "COMPLETED", "task_runs": 0, "recorder": "False",
-                    "logs_to_api": False, "listening": ["127.0.0.1"], "server_imported": False}
+                    "logs_to_api": False, "heartbeat_s": None, "listening": ["127.0.0.1"], "server_imported": False}
 
 
 def test_a_configured_api_keeps_its_records() -> None:
@@ -96,6 +97,7 @@ def test_a_configured_api_keeps_its_records() -> None:
             assert settings.api.url == "http://127.0.0.1:9/api"
             assert settings.logging.to_api.enabled
             assert settings.server.services.task_run_recorder.enabled
+            assert settings.flows.heartbeat_frequency == 180  # a lasting server detects crashed runs by them
 
 
 def test_a_temporary_api_that_cannot_start_is_a_clear_error(tmp_path, monkeypatch) -> None:
