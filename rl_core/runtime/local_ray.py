@@ -34,6 +34,7 @@ _init_lock = threading.Lock()  # one `ray.init` at a time: a caller that finds o
 _background: threading.Thread | None = None  # `start_ray_in_background`'s thread (it lives as long as the process)
 _background_done = threading.Event()  # set once its `ensure_ray` has returned or raised
 _background_error: BaseException | None = None  # what it raised, raised again to the next caller of `ensure_ray`
+_background_waited = False  # whether a caller has waited for it (and taken its error)
 
 
 def ensure_ray(num_cpus: int | None = None) -> None:
@@ -84,11 +85,17 @@ def _no_sigterm_warning(record: logging.LogRecord) -> bool:
 
 
 def _wait_for_background_start() -> None:
-    global _background_error
-    if _background is None:
+    """Wait for the background start, once: the first caller gets its error, or (on the main thread) sets the SIGTERM
+    handler; later callers return at once, so a handler installed since (a flow run's) is left alone."""
+    global _background_error, _background_waited
+    if _background is None or _background_waited:
         return
     _background_done.wait()
-    error, _background_error = _background_error, None
+    with _init_lock:
+        if _background_waited:
+            return
+        _background_waited = True
+        error, _background_error = _background_error, None
     if error is not None:
         raise error
     if threading.current_thread() is threading.main_thread() and ray.is_initialized():
