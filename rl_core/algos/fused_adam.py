@@ -26,6 +26,8 @@ class FusedAdam:
     def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, eps: float = 1e-8,
                  betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0) -> None:
         self.params = list(params)
+        if not self.params:
+            raise ValueError("FusedAdam got no parameters to optimize")
         for p in self.params:
             if not (p.is_cpu and p.dtype is torch.float32):
                 raise TypeError(f"FusedAdam steps float32 CPU parameters, found {p.dtype} on {p.device}")

@@ -16,9 +16,9 @@ import torch
 
 import gymflow_kernels as kernels
 from rl_core.algos.adam_step import AdamStep
-from rl_core.algos.fused_adam import FusedAdam
 from rl_core.algos.base import Epochs, UpdateHooks
 from rl_core.algos.batches import ScoredBatch
+from rl_core.algos.fused_adam import FusedAdam
 from rl_core.algos.gradients import clip_grad_norm_, flat_grad_views
 from rl_core.algos.instability import NonFiniteGuard, poison_if_not_finite
 from rl_core.config import PPOConfig
