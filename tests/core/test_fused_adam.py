@@ -65,14 +65,14 @@ def test_no_state_before_the_first_step_and_bad_state_is_refused() -> None:
 
 def test_a_ppo_update_never_imports_torch_dynamo() -> None:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    code = ("import sys\n"
+            "from rl_core.run_presets import build_config\n"
+            "from rl_core.algos.train_loop import train_in_process\n"
+            "train_in_process(build_config('tiny', run_name='no-dynamo', store='memory://no-dynamo', num_ranks=1,\n"
+            "                              iterations=2))\n"
+            "assert 'torch._dynamo' not in sys.modules, 'a torch.optim optimizer (or something else) imported it'\n"
+            "print('clean')\n")
     done = subprocess.run(
-        [sys.executable, "-c",
-         "import sys\n"
-         "from rl_core.run_presets import build_config\n"
-         "from rl_core.algos.train_loop import train_in_process\n"
-         "train_in_process(build_config('tiny', run_name='no-dynamo', store='memory://no-dynamo', num_ranks=1,\n"
-         "                              iterations=2))\n"
-         "assert 'torch._dynamo' not in sys.modules, 'a torch.optim optimizer (or something else) imported it'\n"
-         "print('clean')\n"],
+        [sys.executable, "-c", code],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0 and "clean" in done.stdout, done.stderr[-3000:]

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _python(code: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local Ray of the child's own
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=240)
 
 
