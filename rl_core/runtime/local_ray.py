@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import Future
 
 import ray
 
@@ -32,8 +33,7 @@ _inherited_env: dict[str, str] | None = None
 
 _init_lock = threading.Lock()  # one `ray.init` at a time: a caller that finds one under way waits for it
 _background: threading.Thread | None = None  # `start_ray_in_background`'s thread (it lives as long as the process)
-_background_done = threading.Event()  # set once its `ensure_ray` has returned or raised
-_background_error: BaseException | None = None  # what it raised, raised again to the next caller of `ensure_ray`
+_background_start: Future[None] = Future()  # its `ensure_ray`'s outcome, raised again to the caller that waits
 _background_waited = False  # whether a caller has waited for it (and taken its error)
 
 
@@ -70,12 +70,11 @@ def start_ray_in_background(num_cpus: int | None = None) -> None:
 
 
 def _start_and_stay(num_cpus: int | None) -> None:
-    global _background_error
     try:
         ensure_ray(num_cpus)
+        _background_start.set_result(None)
     except BaseException as exc:  # noqa: BLE001 - handed to the caller that waits for this start
-        _background_error = exc
-    _background_done.set()
+        _background_start.set_exception(exc)
     threading.Event().wait()  # never returns: Ray's processes are killed when this thread ends (see above)
 
 
@@ -87,15 +86,14 @@ def _no_sigterm_warning(record: logging.LogRecord) -> bool:
 def _wait_for_background_start() -> None:
     """Wait for the background start, once: the first caller gets its error, or (on the main thread) sets the SIGTERM
     handler; later callers return at once, so a handler installed since (a flow run's) is left alone."""
-    global _background_error, _background_waited
+    global _background_waited
     if _background is None or _background_waited:
         return
-    _background_done.wait()
+    error = _background_start.exception()  # waits for the start
     with _init_lock:
         if _background_waited:
             return
         _background_waited = True
-        error, _background_error = _background_error, None
     if error is not None:
         raise error
     if threading.current_thread() is threading.main_thread() and ray.is_initialized():
