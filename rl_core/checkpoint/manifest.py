@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from .codec import available_codecs, get_codec
 
@@ -120,7 +120,8 @@ class TensorEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     dtype: str = Field(description='numpy dtype string of the stored bytes, e.g. "<f4"')
-    shape: list[int]
+    shape: list[StrictInt] = Field(description="strict: lax parsing would read true or \"7\" as a dimension, and an "
+                                   "empty tensor's shape is covered by no chunk hash")
     nbytes: int = Field(ge=0)
     logical_dtype: str | None = Field(
         default=None, description='dtype the bytes mean when numpy has none, e.g. "bfloat16" stored as "<u2"'
