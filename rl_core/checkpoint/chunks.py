@@ -5,6 +5,15 @@ smallest lossless codec against the same span of the base version: "same" when u
 of the codecs in codec.py's registry (the dense ones, "full", "xor", "diff", and the sparse-row one, "rows";
 manifest.py says what each stores). Choosing costs little: big chunks compress samples of each dense codec
 and encode only the winner, and row codecs are only tried when a sample of rows says few changed.
+
+Sparse-row chunks may be chained instead: under sparse updates each version changes a few rows, and a delta
+against the base stores every row changed since the base, so it grows with each version of a cycle (bench/
+checkpoint.py's embedding: 1%, 2%, ... 7% of the table). When at most ``_CHAIN_GAIN`` of those rows changed since
+the parent version, the chunk is stored as the rows changed since the parent, chained to the parent's delta
+(manifest.py's ``via``): each version then costs about what it changed. Dense chunks are never chained: Adam moves
+every element at every step, a delta against the parent costs about what one against the base does (measured on
+the 25M transformer), and a chain would only add objects to read. What the next commit needs to chain a chunk is
+the rows this version changed since the base and their XOR (:class:`RowsSinceBase`), a fraction of the chunk.
 Pure functions of numpy arrays: no storage, no threads (the store runs them on its worker threads).
 """
 
@@ -20,8 +29,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .codec import ChunkBytes, CodecSpec, available_codecs, diff_bytes, encode_planes, get_codec
-from .manifest import ChunkEntry, TensorEntry
+from .codec import ChunkBytes, CodecSpec, available_codecs, diff_bytes, encode_picked_rows, encode_planes, get_codec
+from .manifest import ChainLink, ChunkEntry, TensorEntry
 
 #: a 2-D chunk whose changed rows are at most this fraction of its rows is also tried as "rows" ...
 _ROWS_TRY_FRACTION = 0.25
@@ -33,6 +42,11 @@ _SAMPLE_ROWS = 64
 #: ``_SAMPLE_SLICE_BYTES``), then encode only the winner; smaller chunks encode each and keep the smallest.
 _SAMPLE_ABOVE = 128 << 10
 _SAMPLE_SLICES, _SAMPLE_SLICE_BYTES = 8, 4 << 10
+#: a row chunk is chained to its parent when at most this fraction of the rows it changed since the base changed
+#: since the parent (the delta at least halves; less would buy too little for one more object to read) ...
+_CHAIN_GAIN = 0.5
+#: ... and its chain stays at most this long (each link is one more object a restore reads).
+_MAX_CHAIN_LINKS = 15
 
 
 def sha256_hex(data: Any) -> str:
@@ -194,16 +208,69 @@ def _few_rows_may_differ(raw: np.ndarray, ref_raw: np.ndarray, row: int) -> bool
     return differ.mean() <= 2 * _ROWS_TRY_FRACTION
 
 
+@dataclass(frozen=True)
+class RowsSinceBase:
+    """What the next commit needs to chain a sparse-row chunk to this version: the version, its entry for the
+    chunk, and the rows where its bytes differ from the base's (ascending indices) with their XOR."""
+
+    version: int
+    entry: ChunkEntry
+    rows: np.ndarray
+    xor: np.ndarray
+
+    def entry_versions(self) -> set[int]:
+        """The versions whose objects a chain through this chunk would reference."""
+        refs = {self.version, *(link.version for link in self.entry.via)}
+        return refs | ({self.entry.ref_version} if self.entry.ref_version is not None else set())
+
+
+def _rows_against_parent(
+    changed: np.ndarray, xor: np.ndarray, parent: RowsSinceBase
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows that differ from the parent, and their XOR with it, from both versions' rows since the base:
+    XOR(raw, parent) = XOR(raw, base) ^ XOR(parent, base), nonzero only on rows either changed."""
+    union = np.union1d(changed, parent.rows)
+    xor_parent = np.zeros((union.size, xor.shape[1]), dtype=np.uint8)
+    xor_parent[np.searchsorted(union, changed)] = xor
+    xor_parent[np.searchsorted(union, parent.rows)] ^= parent.xor
+    differ = xor_parent.any(axis=1)
+    return union[differ], xor_parent[differ]
+
+
+def _chained(
+    hashed: dict[str, str], row: int, itemsize: int, changed: np.ndarray, xor: np.ndarray,
+    parent: RowsSinceBase | None,
+) -> tuple[dict[str, Any], bytes | None] | None:
+    """The chunk as a delta against the parent, chained to the parent's delta (None when that does not pay, see
+    ``_CHAIN_GAIN``, or the parent is no delta against the same base). Unchanged since the parent: the parent's
+    own entry, which the store already holds (payload None)."""
+    if parent is None or not get_codec(parent.entry.codec).needs_ref or len(parent.entry.via) >= _MAX_CHAIN_LINKS:
+        return None
+    rows, xor_parent = _rows_against_parent(changed, xor, parent)
+    if rows.size == 0:
+        return parent.entry.model_dump(exclude={"offset", "nbytes", "uploaded"}), None
+    if rows.size > _CHAIN_GAIN * changed.size:
+        return None
+    payload = encode_picked_rows(rows, xor_parent, itemsize)
+    link = ChainLink(version=parent.version, codec=parent.entry.codec, chunk=parent.entry.chunk,
+                     encoded_bytes=parent.entry.encoded_bytes, row_bytes=parent.entry.row_bytes)
+    return dict(
+        codec="rows", **hashed, chunk=sha256_hex(payload), encoded_bytes=len(payload), row_bytes=row,
+        ref_version=parent.entry.ref_version, ref_chunk=parent.entry.ref_chunk, via=[*parent.entry.via, link],
+    ), payload
+
+
 def encode_chunk(
     raw: np.ndarray, itemsize: int, row: int | None, ref: ChunkEntry | None, ref_raw: np.ndarray | None,
-    ref_version: int | None,
-) -> tuple[dict[str, Any], bytes | None]:
-    """Smallest lossless encoding of one chunk. Returns (ChunkEntry fields minus offset/uploaded, payload or
-    None for "same")."""
+    ref_version: int | None, parent: RowsSinceBase | None = None,
+) -> tuple[dict[str, Any], bytes | None, tuple[np.ndarray, np.ndarray] | None]:
+    """Smallest lossless encoding of one chunk, chained to ``parent`` where that pays (see the module docstring).
+    Returns (ChunkEntry fields minus offset/uploaded, payload or None when the object is already stored, and for a
+    sparse-row chunk its rows since the base with their XOR, else None)."""
     hashed = raw_hash_fields(raw)
     if ref is None or ref_raw is None:
         payload = get_codec("full").encode(ChunkBytes(raw, None, itemsize))
-        return dict(codec="full", **hashed, chunk=sha256_hex(payload), encoded_bytes=len(payload)), payload
+        return dict(codec="full", **hashed, chunk=sha256_hex(payload), encoded_bytes=len(payload)), payload, None
     # a different hash proves a change without a compare pass; an equal one (or a schema-2 reference, which has
     # no XXH3) is confirmed byte for byte
     if ref.raw_xxh3 in (None, hashed["raw_xxh3"]) and np.array_equal(raw, ref_raw):
@@ -211,15 +278,20 @@ def encode_chunk(
             codec="same", raw_xxh3=ref.raw_xxh3, raw_sha256=ref.raw_sha256, chunk=ref.chunk,
             encoded_bytes=ref.encoded_bytes,
             ref_version=ref_version,
-        ), None
+        ), None, None
     chunk = ChunkBytes(raw, ref_raw, itemsize, row)
     encoded: tuple[CodecSpec, bytes] | None = None
+    since_base: tuple[np.ndarray, np.ndarray] | None = None
     row_codecs = [c for c in available_codecs() if c.row_bytes]
     if row_codecs and row is not None and raw.size % row == 0 and _few_rows_may_differ(raw, ref_raw, row):
-        changed, n_rows = chunk.changed_rows.size, raw.size // row
-        if changed <= _ROWS_TRY_FRACTION * n_rows:
+        changed, n_rows = chunk.changed_rows, raw.size // row
+        if changed.size <= _ROWS_TRY_FRACTION * n_rows:
+            since_base = changed, chunk.xor.reshape(n_rows, row)[changed]
+            chained = _chained(hashed, row, itemsize, *since_base, parent)
+            if chained is not None:
+                return (*chained, since_base)
             encoded = _smallest(row_codecs, chunk)
-            if changed > _ROWS_TAKE_FRACTION * n_rows:
+            if changed.size > _ROWS_TAKE_FRACTION * n_rows:
                 encoded = min(encoded, _choose_dense(chunk), key=lambda e: len(e[1]))
     codec, payload = encoded or _choose_dense(chunk)
     fields: dict[str, Any] = dict(codec=codec.name, **hashed, chunk=sha256_hex(payload), encoded_bytes=len(payload))
@@ -227,7 +299,7 @@ def encode_chunk(
         fields.update(ref_version=ref_version, ref_chunk=ref.chunk)
     if codec.row_bytes:
         fields["row_bytes"] = row
-    return fields, payload
+    return fields, payload, since_base
 
 
 @dataclass(frozen=True)
@@ -240,20 +312,33 @@ class BaseTensor:
     raw: np.ndarray
 
 
+@dataclass(frozen=True)
+class EncodedVersion:
+    """A version's chunks, encoded: the manifest entries, the payloads to upload (objects not already known),
+    its probes (by tensor and chunk offset), for a delta the estimated cost of a delta against the parent relative
+    to the one against the base (None when unknown: no parent probes, or no changed dense chunk), and the rows
+    each sparse-row chunk changed since the base with their XOR (by tensor and chunk offset: see RowsSinceBase)."""
+
+    entries: dict[str, TensorEntry]
+    payloads: dict[str, bytes]
+    probes: dict[tuple[str, int], np.ndarray]
+    fresh_ratio: float | None
+    since_base: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]
+
+
 def encode_version(
     arrays: dict[str, np.ndarray],
     logical: dict[str, str],
     refs: dict[str, BaseTensor],
     parent_probes: dict[tuple[str, int], np.ndarray],
+    parent_rows: dict[tuple[str, int], RowsSinceBase],
     chunk_bytes: int,
     known: Container[str],
     run_jobs: Callable[[Callable[..., Any], list[Any], int], list[Any]],
-) -> tuple[dict[str, TensorEntry], dict[str, bytes], dict[tuple[str, int], np.ndarray], float | None]:
-    """Encode every chunk of every tensor against ``refs`` (empty for a base); ``run_jobs(fn, items, nbytes)``
-    runs the chunk jobs (the store's worker threads). Returns the entries, the payloads to upload (objects not in
-    ``known``), this state's probes (by tensor and chunk offset) and, for a delta, the estimated cost of a delta
-    against the parent, whose probes are ``parent_probes``, relative to the one against the base (None when
-    unknown: no parent probes, or no changed dense chunk)."""
+) -> EncodedVersion:
+    """Encode every chunk of every tensor against ``refs`` (empty for a base), sparse-row chunks chained to the
+    parent's where ``parent_rows`` allows and it pays; ``run_jobs(fn, items, nbytes)`` runs the chunk jobs (the
+    store's worker threads). ``parent_probes``: the parent's probes, for the estimate of a fresh delta's cost."""
     jobs: list[tuple[Any, ...]] = []
     layout: dict[str, list[int]] = {}
     for name, arr in arrays.items():
@@ -271,19 +356,22 @@ def encode_version(
             r = None if ref is None else ref.entry.chunks[i]
             rr = None if ref is None else ref.raw[off : off + n]
             row_ok = row if row is not None and off % row == 0 and n % row == 0 else None
+            parent = parent_rows.get((name, off)) if ref is not None else None
+            if parent is not None and parent.entry.ref_version != ref.version:
+                parent = None
             layout[name].append(len(jobs))
             jobs.append((
                 raw[off : off + n], arr.itemsize, row_ok, r, rr, None if ref is None else ref.version, off,
-                parent_probes.get((name, off)),
+                parent_probes.get((name, off)), parent,
             ))
 
-    def run(raw, itemsize, row, r, rr, ref_version, off, parent_probe):
-        fields, payload = encode_chunk(raw, itemsize, row, r, rr, ref_version)
+    def run(raw, itemsize, row, r, rr, ref_version, off, parent_probe, parent):
+        fields, payload, since_base = encode_chunk(raw, itemsize, row, r, rr, ref_version, parent)
         now = probe(raw, itemsize)
         costs = None
         if rr is not None and parent_probe is not None and now is not None and get_codec(fields["codec"]).dense:
             costs = (delta_cost(now, probe(rr, itemsize), itemsize), delta_cost(now, parent_probe, itemsize))
-        return off, int(raw.size), fields, payload, now, costs
+        return off, int(raw.size), fields, payload, now, costs, since_base
 
     # Largest chunks first: the worker threads then end together instead of one encoding a big chunk it took last
     # while the others idle. Results go back to manifest order.
@@ -295,11 +383,12 @@ def encode_version(
     entries: dict[str, TensorEntry] = {}
     payloads: dict[str, bytes] = {}
     probes: dict[tuple[str, int], np.ndarray] = {}
+    since: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
     vs_base = vs_parent = 0
     for name, arr in arrays.items():
         chunks = []
         for j in layout[name]:
-            off, n, fields, payload, now, costs = results[j]
+            off, n, fields, payload, now, costs, since_base = results[j]
             uploaded = payload is not None and fields["chunk"] not in known
             if uploaded:
                 payloads[fields["chunk"]] = payload
@@ -308,8 +397,10 @@ def encode_version(
                 probes[(name, off)] = now
             if costs is not None:
                 vs_base, vs_parent = vs_base + costs[0], vs_parent + costs[1]
+            if since_base is not None:
+                since[(name, off)] = since_base
         entries[name] = TensorEntry(
             dtype=arr.dtype.str, shape=list(arr.shape), nbytes=arr.nbytes, logical_dtype=logical.get(name),
             chunks=chunks,
         )
-    return entries, payloads, probes, (vs_parent / vs_base if vs_base else None)
+    return EncodedVersion(entries, payloads, probes, (vs_parent / vs_base if vs_base else None), since)

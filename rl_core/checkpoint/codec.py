@@ -49,6 +49,7 @@ __all__ = [
     "diff_bytes",
     "encode_diff",
     "encode_full",
+    "encode_picked_rows",
     "encode_planes",
     "encode_rows",
     "encode_xor",
@@ -230,12 +231,17 @@ def encode_rows(xor: Buffer, itemsize: int, row_bytes: int, rows: np.ndarray | N
         raise ValueError("encode_rows supports fewer than 2**32 rows per chunk")
     if rows is None:
         rows = changed_rows(x, row_bytes)
-    picked = x.reshape(-1, row_bytes)[rows].reshape(-1)
+    return encode_picked_rows(rows, x.reshape(-1, row_bytes)[rows], itemsize)
+
+
+def encode_picked_rows(rows: np.ndarray, xor_rows: np.ndarray, itemsize: int) -> bytes:
+    """The payload of :func:`encode_rows` from the changed rows alone: their indices (ascending) and their XOR
+    with the reference (one row per index). A chained delta computes these without a whole XOR buffer."""
     body = np.concatenate(
         [
             np.array([rows.size], dtype=_ROWS_HEADER).view(np.uint8),
             rows.astype("<u4").view(np.uint8),
-            _to_planes(picked, itemsize).reshape(-1),
+            _to_planes(np.ascontiguousarray(xor_rows).reshape(-1), itemsize).reshape(-1),
         ]
     )
     return _compressor().compress(body)

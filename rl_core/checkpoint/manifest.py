@@ -1,4 +1,5 @@
-"""The JSON manifest of one checkpoint version (schema 3; schema 2 still reads), and how it is (de)serialized.
+"""The JSON manifest of one checkpoint version (schema 3, or 4 with chained chunks; schema 2 still reads), and how
+it is (de)serialized.
 
 A manifest is the whole description of a version: which tensors it holds, how each chunk of each tensor's
 bytes was encoded and which content-addressed object holds it, plus free-form JSON metadata. Tensor payloads
@@ -18,10 +19,14 @@ entries of codec.py's registry, which says for any codec which reference fields 
   so the version stores nothing new for it.
 
 The reference of a chunk is the same chunk of the same tensor in the version's *base* (the last full version;
-a tensor that appeared after the base references the version where it was first stored in full). Deltas are
-never chained: ``ref_chunk`` names the reference's object, always a "full" one, so any version restores from
-at most two objects per chunk. ``ref_version`` says which version that object came from (kept for GC and
-messages). ``raw_xxh3`` is the XXH3-128 of the chunk's decoded bytes, checked on every restore (schema 2
+a tensor that appeared after the base references the version where it was first stored in full): ``ref_chunk``
+names the reference's object, always a "full" one, and ``ref_version`` says which version that object came from
+(kept for GC and messages). A delta may instead be *chained* (schema 4): ``via`` lists the delta objects of the
+versions between the base and this one, oldest first, each applied to the bytes the one before it decoded, and
+the chunk's own payload applies to the last. The store chains only sparse-row chunks, whose deltas against the
+base grow with every version (see chunks.py), so a restore reads at most two objects per chunk, or one more per
+link of a chain. Schema 4 is written only when a chunk is chained, so stores without chains stay readable by
+schema-3 readers. ``raw_xxh3`` is the XXH3-128 of the chunk's decoded bytes, checked on every restore (schema 2
 wrote ``raw_sha256`` instead; both verify the decoder, not an adversary, and XXH3 runs ~10x faster than
 sha256, which matters because every byte of every version is hashed); ``chunk`` is the sha256 of the stored
 object's bytes, checked on every read (it names the object, so it must resist collisions). ``uploaded`` says
@@ -43,9 +48,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 
 from .codec import available_codecs, get_codec
 
-__all__ = ["SCHEMA_VERSION", "ChunkEntry", "Manifest", "TensorEntry", "utc_now_iso"]
+__all__ = ["CHAINED_SCHEMA_VERSION", "SCHEMA_VERSION", "ChainLink", "ChunkEntry", "Manifest", "TensorEntry", "utc_now_iso"]
 
 SCHEMA_VERSION = 3
+CHAINED_SCHEMA_VERSION = 4
 MARKER_DIGEST_KEY = "manifest_sha256"
 
 
@@ -60,6 +66,28 @@ _XXH3_128_HEX = r"^[0-9a-f]{32}$"
 def utc_now_iso() -> str:
     """Creation timestamps are UTC so that manifests written on different machines compare directly."""
     return datetime.now(timezone.utc).isoformat()
+
+
+class ChainLink(BaseModel):
+    """One delta object on a chained chunk's way from its base: what the reader applies to the bytes decoded so
+    far (the base's, then each earlier link's) to get that version's bytes of the chunk."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = Field(ge=0, description="a version whose manifest names this object (kept by GC)")
+    codec: str = Field(description="a registered delta codec (one that needs a reference)")
+    chunk: str = Field(pattern=_SHA256_HEX, description="sha256 of the stored object's bytes")
+    encoded_bytes: int = Field(ge=0)
+    row_bytes: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _a_delta(self) -> ChainLink:
+        codec = get_codec(self.codec)
+        if codec.encode is None or not codec.needs_ref:
+            raise ValueError(f"a chain link is a delta object; codec {self.codec!r} is not a delta codec")
+        if codec.row_bytes != (self.row_bytes is not None):
+            raise ValueError(f"a chain link records row_bytes exactly for row codecs (codec {self.codec!r})")
+        return self
 
 
 class ChunkEntry(BaseModel):
@@ -78,6 +106,8 @@ class ChunkEntry(BaseModel):
     ref_version: int | None = Field(default=None, ge=0)
     ref_chunk: str | None = Field(default=None, pattern=_SHA256_HEX)
     row_bytes: int | None = Field(default=None, ge=1, description="row size of a 'rows' chunk (a row codec's)")
+    via: list[ChainLink] = Field(default_factory=list, description="schema 4: delta objects between the base and "
+                                 "this chunk's reference, oldest first (empty: the reference is the base's object)")
 
     @field_validator("codec")
     @classmethod
@@ -107,11 +137,22 @@ class ChunkEntry(BaseModel):
             raise ValueError(f"row_bytes is set exactly for codecs {rows} (chunk codec {self.codec!r})")
         if self.row_bytes is not None and self.nbytes % self.row_bytes:
             raise ValueError(f"row_bytes {self.row_bytes} does not divide the chunk's {self.nbytes} bytes")
+        if self.via and not codec.needs_ref:
+            raise ValueError(f"only a delta chunk can be chained (codec {self.codec!r} has a chain)")
+        for link in self.via:
+            if link.row_bytes is not None and self.nbytes % link.row_bytes:
+                raise ValueError(f"a chain link's row_bytes {link.row_bytes} does not divide the chunk's {self.nbytes}")
+        links = [link.version for link in self.via]
+        if links != sorted(set(links)) or (links and self.ref_version is not None and links[0] <= self.ref_version):
+            raise ValueError(f"chain links must come from distinct versions after the reference's, oldest first "
+                             f"(ref_version {self.ref_version}, links {links})")
         return self
 
     def objects(self) -> tuple[str, ...]:
         """Every stored object a restore of this chunk reads."""
-        return (self.chunk,) if self.ref_chunk is None else (self.chunk, self.ref_chunk)
+        if self.ref_chunk is None:
+            return (self.chunk,)
+        return (self.chunk, self.ref_chunk, *(link.chunk for link in self.via))
 
 
 class TensorEntry(BaseModel):
@@ -175,7 +216,7 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[2, 3] = SCHEMA_VERSION
+    schema_version: Literal[2, 3, 4] = SCHEMA_VERSION
     version: int = Field(ge=0)
     parent: int | None = Field(default=None, ge=0)
     base: int | None = Field(default=None, ge=0)
@@ -203,6 +244,9 @@ class Manifest(BaseModel):
             for c in entry.chunks:
                 if c.ref_version is not None and c.ref_version >= self.version:
                     raise ValueError(f"tensor {name!r}: ref_version {c.ref_version} is not older than {self.version}")
+                if c.via and (self.schema_version < CHAINED_SCHEMA_VERSION or c.via[-1].version >= self.version):
+                    raise ValueError(f"tensor {name!r}: a chained chunk needs schema {CHAINED_SCHEMA_VERSION} and "
+                                     f"links older than version {self.version}")
                 if self.base is None and c.codec != "full":
                     raise ValueError(f"tensor {name!r}: a full base stores every chunk 'full', not {c.codec!r}")
         return self
@@ -215,6 +259,8 @@ class Manifest(BaseModel):
             for chunk in entry["chunks"]:
                 for unused in [k for k in ("raw_xxh3", "raw_sha256") if chunk[k] is None]:
                     del chunk[unused]  # one hash per chunk, named by its algorithm
+                if not chunk["via"]:
+                    del chunk["via"]  # a schema-3 chunk, byte for byte
         return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -236,8 +282,8 @@ class Manifest(BaseModel):
 
     def stored_bytes(self) -> int:
         """Bytes of the objects this version's chunks name, each once ("same" chunks name base objects; the
-        ``ref_chunk`` objects of "diff"/"xor"/"rows" chunks are not counted: their sizes live in the base's
-        manifest)."""
+        ``ref_chunk`` objects of "diff"/"xor"/"rows" chunks and the objects of their chains are not counted: their
+        sizes live in the manifests that first named them)."""
         sizes: dict[str, int] = {}
         for e in self.tensors.values():
             for c in e.chunks:
@@ -256,5 +302,11 @@ class Manifest(BaseModel):
         return counts
 
     def ref_versions(self) -> set[int]:
-        """Versions whose objects this version references (its base, and versions where late tensors began)."""
-        return {c.ref_version for e in self.tensors.values() for c in e.chunks if c.ref_version is not None}
+        """Versions whose objects this version references (its base, versions where late tensors began, and the
+        versions of its chains' links)."""
+        refs = {c.ref_version for e in self.tensors.values() for c in e.chunks if c.ref_version is not None}
+        return refs | {link.version for e in self.tensors.values() for c in e.chunks for link in c.via}
+
+    def chained(self) -> bool:
+        """Whether any chunk is chained (the manifest is then schema 4)."""
+        return any(c.via for e in self.tensors.values() for c in e.chunks)

@@ -71,7 +71,7 @@ class VersionReader:
         try:
             manifest = Manifest.from_json_bytes(data)
         except ValueError as exc:
-            raise corrupt(f"manifest {path} is not a valid schema 2 or 3 manifest ({str(exc)[:300]})") from None
+            raise corrupt(f"manifest {path} is not a valid schema 2, 3 or 4 manifest ({str(exc)[:300]})") from None
         if manifest.version != version:
             raise corrupt(f"manifest {path} says it is version {manifest.version}")
         self._cache(manifest)
@@ -161,6 +161,14 @@ class VersionReader:
             ref = None
             if codec.needs_ref:  # a reference object is always a "full" one (see manifest.py)
                 ref = decode_full(self._read_chunk(requested, name, c.ref_version, c.ref_chunk), itemsize)
+            for link in c.via:  # a chained chunk: each link's delta applies to the bytes decoded so far
+                link_payload = self._read_chunk(requested, name, link.version, link.chunk)
+                try:
+                    ref = get_codec(link.codec).decode(link_payload, ref, itemsize, link.row_bytes, None)
+                except ValueError as exc:
+                    raise ChunkCorruptError(url=self._url, version=requested, tensor=name, chunk=link.chunk,
+                                            source_version=link.version,
+                                            detail=f"chain link does not decode ({exc})") from None
             codec.decode(payload, ref, itemsize, c.row_bytes, out)
         except ValueError as exc:
             raise corrupt(f"payload does not decode ({exc})") from None

@@ -3,20 +3,23 @@
 Layout under the store URL::
 
     chunks/<aa>/<sha256>      one encoded chunk, named by the sha256 of its stored bytes (aa = first 2 hex digits)
-    versions/<%08d>.json      manifest of a version (schema 3, see manifest.py)
+    versions/<%08d>.json      manifest of a version (schema 3, or 4 when a chunk is chained; see manifest.py)
     versions/<%08d>.commit    commit marker: the version exists if and only if this object exists; it holds the
                               manifest's sha256 (JSON), so a manifest edited in storage is refused (empty before
                               December 2026: such a version's manifest is not checked)
 
 Encoding. Each tensor's raw bytes are cut into chunks of ``chunk_bytes`` (default 8 MiB; rounded to whole rows
 for 2-D+ tensors; small tensors are one chunk). A *base* version stores every chunk "full" (byte planes +
-zstd-1). The next versions are deltas against that base, never chained: each chunk is the smallest of "same"
+zstd-1). The next versions are deltas against that base: each chunk is the smallest of "same"
 (equal to the base's chunk: references the base's object, costs nothing), "diff" (wrap-around difference
-of the bit patterns from the base's chunk, byte planes, zstd-1), "xor" (the same with XOR), "rows" (indices + XOR of the changed rows, for 2-D tensors where few rows change) and
-"full". A new base is written after ``full_every - 1`` deltas, or right after a delta whose new bytes exceeded
-``rebase_ratio`` (0.7) times the base's stored size (the base has then aged so much that deltas cost nearly a
-full copy; a new base makes the next deltas small again). Any version restores from at most two objects per
-chunk: its own and the base's.
+of the bit patterns from the base's chunk, byte planes, zstd-1), "xor" (the same with XOR), "rows" (indices + XOR
+of the changed rows, for 2-D tensors where few rows change) and "full". A sparse-row chunk whose rows changed
+since the parent are at most half of those changed since the base is chained instead: stored as the rows changed
+since the parent, decoded through the parent's delta (chunks.py says why only those). A new base is written after
+``full_every - 1`` deltas, or right after a delta whose new bytes exceeded ``rebase_ratio`` (0.7) times the base's
+stored size (the base has then aged so much that deltas cost nearly a full copy; a new base makes the next deltas
+small again). A version restores from at most two objects per chunk, its own and the base's, plus one per link of
+a chained chunk (fewer than ``full_every``).
 
 Commit protocol (why each step is there):
 
@@ -61,12 +64,12 @@ import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from .chunks import BaseTensor, encode_version, normalize_meta, prepare_tensors, raw_view, to_array
+from .chunks import BaseTensor, RowsSinceBase, encode_version, normalize_meta, prepare_tensors, raw_view, to_array
 from .errors import (
     CheckpointError,
     ChunkCorruptError,
@@ -80,7 +83,7 @@ from .errors import (
     _fmt_versions,
 )
 from .gc import collect_garbage
-from .manifest import Manifest, commit_marker
+from .manifest import CHAINED_SCHEMA_VERSION, SCHEMA_VERSION, Manifest, commit_marker
 from .objects import StoreObjects, redact
 from .restore import VersionReader
 
@@ -135,12 +138,14 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class _Probes:
-    """Probes (see chunks.probe) of the version this store last committed, by (tensor, chunk offset), and
-    that commit's estimate of a fresh delta's cost relative to its delta against the base."""
+    """Probes (see chunks.probe) of the version this store last committed, by (tensor, chunk offset), that
+    commit's estimate of a fresh delta's cost relative to its delta against the base, and what the next commit
+    needs to chain that version's sparse-row chunks (see chunks.RowsSinceBase)."""
 
     version: int | None = None
     by_chunk: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
     fresh_ratio: float | None = None
+    rows_since_base: dict[tuple[str, int], RowsSinceBase] = field(default_factory=dict)
 
 
 def _delta_bytes(manifest: Manifest) -> int:
@@ -242,11 +247,14 @@ class CheckpointStore:
             is_base = refs is None or head is None or self._rebase_due(head)
             depth = 0 if is_base else head.depth + 1
             use_refs = {} if is_base else refs
-            parent_probes = self._probes.by_chunk if head is not None and self._probes.version == head.version else {}
-            entries, payloads, probes, fresh_ratio = encode_version(
-                arrays, logical, use_refs, parent_probes, self._chunk_bytes, self._known, self._map)
+            parent = self._probes if head is not None and self._probes.version == head.version else _Probes()
+            encoded = encode_version(arrays, logical, use_refs, parent.by_chunk, parent.rows_since_base,
+                                     self._chunk_bytes, self._known, self._map)
+            entries = encoded.entries
             version = self._storage_call("list versions", self._next_version)
+            chained = any(c.via for e in entries.values() for c in e.chunks)
             manifest = Manifest(
+                schema_version=CHAINED_SCHEMA_VERSION if chained else SCHEMA_VERSION,
                 version=version,
                 parent=None if head is None else head.version,
                 base=None if is_base else self._base.version,
@@ -257,11 +265,15 @@ class CheckpointStore:
             )
             reused = {self._known.get(c.chunk) for e in entries.values() for c in e.chunks if not c.uploaded}
             reused = (reused - {None}) | manifest.ref_versions()
-            self._storage_call("upload chunks", lambda: self._write_chunks(payloads))
+            self._storage_call("upload chunks", lambda: self._write_chunks(encoded.payloads))
             self._publish(manifest, reused)
             self._reader.remember(manifest)
             self._head = manifest
-            self._probes = _Probes(version, probes, fresh_ratio)
+            chunk_entries = {(name, c.offset): c for name, e in entries.items() for c in e.chunks}
+            self._probes = _Probes(version, encoded.probes, encoded.fresh_ratio, {
+                key: RowsSinceBase(version, chunk_entries[key], rows, xor)
+                for key, (rows, xor) in encoded.since_base.items()
+            })
             if is_base and self._base is not None:
                 # forget objects from before the previous base's cycle: a writer kept for a whole run then remembers
                 # two cycles' objects, not the whole run's
@@ -408,10 +420,15 @@ class CheckpointStore:
         if self._base is not None and self._base.version == version:
             self._refs, self._base = None, None
         self._known = {sha: v for sha, v in self._known.items() if v != version}
+        rows = self._probes.rows_since_base.values()
+        if version == self._probes.version or any(version in r.entry_versions() for r in rows):
+            self._probes = replace(self._probes, rows_since_base={})  # no chain may extend through it
 
     def _forget_object(self, sha: str) -> None:
         """gc deleted object ``sha``: the next commit that needs it uploads it again."""
         self._known.pop(sha, None)
+        if any(sha in r.entry.objects() for r in self._probes.rows_since_base.values()):
+            self._probes = replace(self._probes, rows_since_base={})
 
     def close(self) -> None:
         """Stop the worker threads (the store stays usable; they restart on demand)."""

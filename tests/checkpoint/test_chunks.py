@@ -1,5 +1,5 @@
-"""Schema 2: chunked tensors, per-chunk codecs (same / xor / rows / full), deltas against the base (never
-chained), rebasing, and torch/bf16 inputs."""
+"""Chunked tensors, per-chunk codecs (same / xor / rows / full), deltas against the base (dense chunks are never
+chained; sparse-row chains: test_chains.py), rebasing, and torch/bf16 inputs."""
 
 from __future__ import annotations
 
