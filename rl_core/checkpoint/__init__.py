@@ -28,7 +28,7 @@ from .codec import (
     register_codec,
     unregister_codec,
 )
-from .manifest import CHAINED_SCHEMA_VERSION, SCHEMA_VERSION, ChainLink, ChunkEntry, Manifest, TensorEntry
+from .manifest import EXTENDED_SCHEMA_VERSION, SCHEMA_VERSION, ChainLink, ChunkEntry, Manifest, TensorEntry
 from .store import (
     CheckpointError,
     CheckpointStore,
@@ -44,7 +44,7 @@ from .store import (
 )
 
 __all__ = [
-    "CHAINED_SCHEMA_VERSION",
+    "EXTENDED_SCHEMA_VERSION",
     "SCHEMA_VERSION",
     "AsyncSaveError",
     "AsyncSaver",

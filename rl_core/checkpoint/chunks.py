@@ -314,13 +314,14 @@ class BaseTensor:
 
 @dataclass(frozen=True)
 class EncodedVersion:
-    """A version's chunks, encoded: the manifest entries, the payloads to upload (objects not already known),
-    its probes (by tensor and chunk offset), for a delta the estimated cost of a delta against the parent relative
+    """A version's chunks, encoded: the manifest entries, the payloads to upload (objects not already known), the
+    payloads small enough to embed in the manifest instead (known or not: see manifest.py), its probes (by tensor and chunk offset), for a delta the estimated cost of a delta against the parent relative
     to the one against the base (None when unknown: no parent probes, or no changed dense chunk), and the rows
     each sparse-row chunk changed since the base with their XOR (by tensor and chunk offset: see RowsSinceBase)."""
 
     entries: dict[str, TensorEntry]
     payloads: dict[str, bytes]
+    embedded: dict[str, bytes]
     probes: dict[tuple[str, int], np.ndarray]
     fresh_ratio: float | None
     since_base: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]
@@ -335,10 +336,12 @@ def encode_version(
     chunk_bytes: int,
     known: Container[str],
     run_jobs: Callable[[Callable[..., Any], list[Any], int], list[Any]],
+    embed_max: int = 0,
 ) -> EncodedVersion:
     """Encode every chunk of every tensor against ``refs`` (empty for a base), sparse-row chunks chained to the
     parent's where ``parent_rows`` allows and it pays; ``run_jobs(fn, items, nbytes)`` runs the chunk jobs (the
-    store's worker threads). ``parent_probes``: the parent's probes, for the estimate of a fresh delta's cost."""
+    store's worker threads). ``parent_probes``: the parent's probes, for the estimate of a fresh delta's cost.
+    Payloads of at most ``embed_max`` bytes are returned to embed, not to upload."""
     jobs: list[tuple[Any, ...]] = []
     layout: dict[str, list[int]] = {}
     for name, arr in arrays.items():
@@ -382,6 +385,7 @@ def encode_version(
         results[j] = result
     entries: dict[str, TensorEntry] = {}
     payloads: dict[str, bytes] = {}
+    embedded: dict[str, bytes] = {}
     probes: dict[tuple[str, int], np.ndarray] = {}
     since: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
     vs_base = vs_parent = 0
@@ -390,7 +394,9 @@ def encode_version(
         for j in layout[name]:
             off, n, fields, payload, now, costs, since_base = results[j]
             uploaded = payload is not None and fields["chunk"] not in known
-            if uploaded:
+            if payload is not None and len(payload) <= embed_max:
+                embedded[fields["chunk"]] = payload
+            elif uploaded:
                 payloads[fields["chunk"]] = payload
             chunks.append(ChunkEntry(offset=off, nbytes=n, uploaded=uploaded, **fields))
             if now is not None:
@@ -403,4 +409,4 @@ def encode_version(
             dtype=arr.dtype.str, shape=list(arr.shape), nbytes=arr.nbytes, logical_dtype=logical.get(name),
             chunks=chunks,
         )
-    return EncodedVersion(entries, payloads, probes, (vs_parent / vs_base if vs_base else None), since)
+    return EncodedVersion(entries, payloads, embedded, probes, (vs_parent / vs_base if vs_base else None), since)

@@ -2,6 +2,8 @@
 bytes, each object checked against its sha256 on read and each decoded chunk against the manifest's hash."""
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 from collections import OrderedDict
@@ -109,7 +111,7 @@ class VersionReader:
         manifest = self.manifest(version, version)
         raws = {name: np.empty(e.nbytes, dtype=np.uint8) for name, e in manifest.tensors.items()}
         jobs = [
-            (version, name, e, c, raws[name][c.offset : c.offset + c.nbytes])
+            (version, name, e, c, raws[name][c.offset : c.offset + c.nbytes], manifest.embedded)
             for name, e in manifest.tensors.items()
             for c in e.chunks
         ]
@@ -145,11 +147,17 @@ class VersionReader:
             return older
         return None
 
-    def _restore_chunk(self, requested: int, name: str, entry: TensorEntry, c: ChunkEntry, out: np.ndarray) -> None:
-        """Decode one chunk into ``out``: object hash(es) checked on read, decoded bytes against raw_xxh3."""
+    def _restore_chunk(self, requested: int, name: str, entry: TensorEntry, c: ChunkEntry, out: np.ndarray,
+                       embedded: dict[str, str]) -> None:
+        """Decode one chunk into ``out``: object hash(es) checked on read, decoded bytes against raw_xxh3.
+        ``embedded``: the version's embedded objects (see manifest.py), read instead of storage."""
         codec = get_codec(c.codec)
         own_version = requested if codec.encode is not None else c.ref_version  # "same" names the ref's object
-        payload = self._read_chunk(requested, name, own_version, c.chunk)
+
+        def read(version: int | None, chunk: str) -> bytes:
+            return self._read_chunk(requested, name, version, chunk, embedded)
+
+        payload = read(own_version, c.chunk)
 
         def corrupt(detail: str) -> ChunkCorruptError:
             return ChunkCorruptError(
@@ -160,9 +168,9 @@ class VersionReader:
         try:
             ref = None
             if codec.needs_ref:  # a reference object is always a "full" one (see manifest.py)
-                ref = decode_full(self._read_chunk(requested, name, c.ref_version, c.ref_chunk), itemsize)
+                ref = decode_full(read(c.ref_version, c.ref_chunk), itemsize)
             for link in c.via:  # a chained chunk: each link's delta applies to the bytes decoded so far
-                link_payload = self._read_chunk(requested, name, link.version, link.chunk)
+                link_payload = read(link.version, link.chunk)
                 try:
                     ref = get_codec(link.codec).decode(link_payload, ref, itemsize, link.row_bytes, None)
                 except ValueError as exc:
@@ -175,16 +183,25 @@ class VersionReader:
         if not raw_hash_matches(c, out):
             raise corrupt(f"decoded bytes at offset {c.offset} do not match the manifest's hash of them")
 
-    def _read_chunk(self, requested: int, name: str, version: int | None, chunk: str) -> bytes:
-        path = self._objects.chunk_path(chunk)
+    def _read_chunk(self, requested: int, name: str, version: int | None, chunk: str,
+                    embedded: dict[str, str]) -> bytes:
         fields: dict[str, Any] = dict(
             url=self._url, version=requested, tensor=name, chunk=chunk, source_version=version
         )
-        try:
-            data = self._objects.read(path)
-        except FileNotFoundError:
-            raise ChunkMissingError(detail=f"object {path} does not exist", **fields) from None
+        if chunk in embedded:
+            where = f"the object embedded in version {requested}'s manifest"
+            try:
+                data = base64.b64decode(embedded[chunk], validate=True)
+            except binascii.Error as exc:
+                raise ChunkCorruptError(detail=f"{where} is not base64 ({exc})", **fields) from None
+        else:
+            path = self._objects.chunk_path(chunk)
+            where = f"object {path}"
+            try:
+                data = self._objects.read(path)
+            except FileNotFoundError:
+                raise ChunkMissingError(detail=f"{where} does not exist", **fields) from None
         actual = sha256_hex(data)
         if actual != chunk:
-            raise ChunkCorruptError(detail=f"object {path} hashes to {actual}", **fields)
+            raise ChunkCorruptError(detail=f"{where} hashes to {actual}", **fields)
         return data

@@ -56,6 +56,7 @@ How each backend publishes whole objects and creates exclusively: ``objects.py``
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import logging
@@ -83,7 +84,7 @@ from .errors import (
     _fmt_versions,
 )
 from .gc import collect_garbage
-from .manifest import CHAINED_SCHEMA_VERSION, SCHEMA_VERSION, Manifest, commit_marker
+from .manifest import EXTENDED_SCHEMA_VERSION, SCHEMA_VERSION, Manifest, TensorEntry, commit_marker, ref_versions_of
 from .objects import StoreObjects, redact
 from .restore import VersionReader
 
@@ -106,6 +107,8 @@ logger = logging.getLogger("rl_core.checkpoint")
 DEFAULT_CHUNK_BYTES = 8 << 20
 INLINE_MAX_BYTES = 4 << 20
 """Below this much data per batch of chunk jobs, a local store encodes, writes and restores on the calling thread."""
+DEFAULT_EMBED_BYTES = 4 << 10
+"""Objects up to this size are embedded in the manifest instead of stored on their own (see manifest.py)."""
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -162,6 +165,7 @@ class CheckpointStore:
     ``full_every``: a full base at least every ``full_every`` versions (1 = every version full).
     ``chunk_bytes``: chunk size (4-16 MiB suits object stores; default 8 MiB).
     ``rebase_ratio``: write a new base after a delta whose new bytes exceed this fraction of the base's size.
+    ``embed_bytes``: objects up to this size go into the manifest, not storage (0: none; see manifest.py).
     ``workers``: threads that encode, upload and decode chunks (zstd, hashlib and numpy release the GIL).
     Thread-safe; a process may hold several stores on one URL, but only one should commit to a run.
     """
@@ -175,6 +179,7 @@ class CheckpointStore:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         rebase_ratio: float = 0.7,
         workers: int | None = None,
+        embed_bytes: int = DEFAULT_EMBED_BYTES,
     ) -> None:
         if not isinstance(full_every, int) or full_every < 1:
             raise ValueError(f"full_every must be an int >= 1 (1 = every version full), got {full_every!r}")
@@ -182,6 +187,9 @@ class CheckpointStore:
             raise ValueError(f"chunk_bytes must be a positive int (4-16 MiB suits object stores), got {chunk_bytes!r}")
         if not rebase_ratio > 0:
             raise ValueError(f"rebase_ratio must be > 0, got {rebase_ratio!r}")
+        if not isinstance(embed_bytes, int) or embed_bytes < 0:
+            raise ValueError(f"embed_bytes must be an int >= 0 (0 = embed nothing), got {embed_bytes!r}")
+        self._embed_bytes = embed_bytes
         self._url = redact(url)
         self._full_every = full_every
         self._chunk_bytes = chunk_bytes
@@ -249,12 +257,14 @@ class CheckpointStore:
             use_refs = {} if is_base else refs
             parent = self._probes if head is not None and self._probes.version == head.version else _Probes()
             encoded = encode_version(arrays, logical, use_refs, parent.by_chunk, parent.rows_since_base,
-                                     self._chunk_bytes, self._known, self._map)
+                                     self._chunk_bytes, self._known, self._map, self._embed_bytes)
             entries = encoded.entries
             version = self._storage_call("list versions", self._next_version)
             chained = any(c.via for e in entries.values() for c in e.chunks)
+            embedded = self._storage_call("read manifests", lambda: self._embedded_table(entries, encoded.embedded))
             manifest = Manifest(
-                schema_version=CHAINED_SCHEMA_VERSION if chained else SCHEMA_VERSION,
+                schema_version=EXTENDED_SCHEMA_VERSION if chained or embedded else SCHEMA_VERSION,
+                embedded=embedded,
                 version=version,
                 parent=None if head is None else head.version,
                 base=None if is_base else self._base.version,
@@ -519,6 +529,22 @@ class CheckpointStore:
         self._refs = {name: BaseTensor(base.version, e, raws[name]) for name, e in base.tensors.items()}
         for sha in base.objects():
             self._known.setdefault(sha, base.version)
+
+    def _embedded_table(self, entries: dict[str, TensorEntry], own: dict[str, bytes]) -> dict[str, str]:
+        """What a new version's manifest embeds: its own small payloads, and every embedded object it references,
+        taken from the manifest of the version each reference names (which embeds it: see manifest.py), or of
+        the head for chunks the version keeps as the head stored them."""
+        table = {sha: base64.b64encode(payload).decode("ascii") for sha, payload in own.items()}
+        named = {o for e in entries.values() for c in e.chunks for o in c.objects()} - table.keys()
+        sources = ref_versions_of(entries) | ({self._head.version} if self._head is not None else set())
+        for v in sorted(sources):
+            if not named:
+                break
+            carried = self._reader.manifest(v, v).embedded
+            for sha in named & carried.keys():
+                table[sha] = carried[sha]
+            named -= carried.keys()
+        return table
 
     def _write_chunks(self, payloads: dict[str, bytes]) -> None:
         """Upload every object (always: an existing object of the same name may be an orphan that gc is

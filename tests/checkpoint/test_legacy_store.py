@@ -1,6 +1,7 @@
 """A store written by an older commit (tests/checkpoint/data/, made by make_legacy_store.py) still loads exactly,
-verifies clean, and today's code writes the very same chunk objects and manifests: the on-disk format has moved only
-in the commit markers, which now record their manifest's sha256 where the legacy store's are empty."""
+verifies clean, and today's code, with embedding off, writes the very same chunk objects and manifests: the on-disk
+format has moved only in the commit markers, which now record their manifest's sha256 where the legacy store's are
+empty, and in schema 4's additions (embedded objects, chained chunks; test_embedded.py, test_chains.py)."""
 
 from __future__ import annotations
 
@@ -80,11 +81,12 @@ def test_a_delta_committed_on_top_of_the_legacy_store_restores(legacy_url: str) 
 
 
 def test_todays_code_writes_the_same_manifests_and_objects(tmp_path: Path) -> None:
-    """Same states, same settings -> the same chunk objects and manifests (but for the creation time). Compressed
-    bytes depend on zstd's own version, so this holds only under the zstandard that wrote the store."""
+    """Same states, same settings (no embedding) -> the same chunk objects and manifests (but for the creation
+    time). Compressed bytes depend on zstd's own version, so this holds only under the zstandard that wrote the
+    store."""
     if zstandard.__version__ != EXPECTED["zstandard"]:
         pytest.skip(f"the store was compressed by zstandard {EXPECTED['zstandard']}, this is {zstandard.__version__}")
-    expected = write_store(f"file://{tmp_path}/again")
+    expected = write_store(f"file://{tmp_path}/again", embed_bytes=0)
     assert json.dumps(expected["versions"], sort_keys=True) == json.dumps(EXPECTED["versions"], sort_keys=True)
     today, legacy = _files(tmp_path / "again"), _files(STORE)
     markers = sorted(name for name in legacy if name.endswith(".commit"))

@@ -211,7 +211,7 @@ def test_commit_after_loading_an_older_version_builds_on_it(url: str) -> None:
 
 
 def test_manifest_schema_and_size_report(url: str) -> None:
-    store = CheckpointStore(url)
+    store = CheckpointStore(url, embed_bytes=0)  # schema 3: nothing embedded (test_embedded.py: schema 4)
     store.commit({"x": np.ones((2, 3), np.float32)}, {"note": "hi"})
     m = store.manifest(0)
     assert m["schema_version"] == 3 and m["version"] == 0 and m["parent"] is None and m["meta"] == {"note": "hi"}

@@ -48,7 +48,7 @@ class Committed:
     states: list[dict[str, np.ndarray]]
     metas: list[dict[str, Any]]
     manifests: list[bytes]  # each version's manifest as committed
-    needs: list[set[str]]  # the objects each version reads
+    needs: list[set[str]]  # the objects each version reads from storage
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
@@ -93,7 +93,8 @@ def _states() -> list[dict[str, np.ndarray]]:
 def committed() -> Iterator[Committed]:
     root = f"/ckpt-fuzz-{uuid.uuid4().hex}/run"
     url = f"memory://{root}"
-    store = CheckpointStore(url, chunk_bytes=1024)  # several chunks per tensor: offsets to get wrong
+    # several chunks per tensor (offsets to get wrong); small deltas embedded in the manifest, the rest stored
+    store = CheckpointStore(url, chunk_bytes=1024, embed_bytes=256)
     states = _states()
     metas = [{"iteration": v, "metrics": {"return": 1.5 * v, "nan": math.nan}, "tags": ["a", "b"]} for v in VERSIONS]
     for state, meta in zip(states, metas):
@@ -103,7 +104,9 @@ def committed() -> Iterator[Committed]:
     assert Manifest.model_validate(store.manifest(2)).chained()  # the chain's fields are fuzzed too
     fs = fsspec.filesystem("memory")
     manifests = [fs.cat_file(f"{root}/versions/{v:08d}.json") for v in VERSIONS]
-    needs = [Manifest.from_json_bytes(m).objects() for m in manifests]
+    parsed = [Manifest.from_json_bytes(m) for m in manifests]
+    needs = [m.stored_objects() for m in parsed]
+    assert all(needs) and parsed[2].embedded, "both stored and embedded objects are fuzzed"
     yield Committed(url, root, states, metas, manifests, needs)
     fs.rm(root.rsplit("/", 1)[0], recursive=True)
 

@@ -25,7 +25,7 @@ from tests.checkpoint.store_helpers import (
 
 def _three_versions(url: str) -> tuple[CheckpointStore, list[dict[str, np.ndarray]]]:
     rng = np.random.default_rng(7)
-    store = CheckpointStore(url)
+    store = CheckpointStore(url, embed_bytes=0)  # the objects in storage, not embedded: this file is about them
     states = [policy_state(7)]
     for _ in range(3):
         states.append(optimizer_step(states[-1], rng))
@@ -117,7 +117,7 @@ def test_schema_2_manifests_with_sha256_of_the_decoded_bytes_still_load(url: str
 
 
 def test_load_raises_when_no_version_is_loadable(url: str) -> None:
-    store = CheckpointStore(url)
+    store = CheckpointStore(url, embed_bytes=0)
     store.commit({"x": np.arange(10.0)}, {})
     fs_root(url)[0].pipe_file(chunk_path(store, url, 0, "x"), b"garbage")
     with pytest.raises(ChunkCorruptError, match="No older version is loadable"):
@@ -125,7 +125,7 @@ def test_load_raises_when_no_version_is_loadable(url: str) -> None:
 
 
 def test_a_fresh_store_on_an_unloadable_run_commits_a_full_snapshot(url: str, caplog) -> None:
-    store = CheckpointStore(url)
+    store = CheckpointStore(url, embed_bytes=0)
     store.commit({"x": np.arange(10.0)}, {})
     fs_root(url)[0].rm_file(chunk_path(store, url, 0, "x"))
     with caplog.at_level(logging.WARNING, logger="rl_core.checkpoint"):

@@ -75,9 +75,10 @@ def _expected(tensors: dict[str, np.ndarray], logical: dict[str, str], meta: dic
     }
 
 
-def write_store(url: str) -> dict:
-    """Commit every state to a new store at ``url``; returns the expected content (the JSON written beside it)."""
-    store = CheckpointStore(url, full_every=3, chunk_bytes=CHUNK_BYTES, workers=1)
+def write_store(url: str, **options: int) -> dict:
+    """Commit every state to a new store at ``url``; returns the expected content (the JSON written beside it).
+    ``options``: more CheckpointStore settings (the test turns off what the legacy code did not have)."""
+    store = CheckpointStore(url, full_every=3, chunk_bytes=CHUNK_BYTES, workers=1, **options)
     expected: dict = {"chunk_bytes": CHUNK_BYTES, "zstandard": zstandard.__version__, "versions": {}}
     for tensors, logical, meta in _states():
         version = store.commit(tensors, meta, logical_dtypes={k: v for k, v in logical.items() if k in tensors})
