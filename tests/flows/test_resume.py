@@ -171,9 +171,11 @@ def test_sigkill_of_the_main_process_alone_leaves_nothing_running_then_resume(tm
 
 
 def _chunk_only_in(store: CheckpointStore, version: int) -> str:
-    """A chunk object that `version` added (no earlier version refers to it)."""
+    """A chunk object in storage that `version` added (no earlier version refers to it; not one embedded in it)."""
     def shas(v: int) -> set[str]:
-        return {c["chunk"] for e in store.manifest(v)["tensors"].values() for c in e["chunks"] if c["codec"] != "same"}
+        m = store.manifest(v)
+        named = {c["chunk"] for e in m["tensors"].values() for c in e["chunks"] if c["codec"] != "same"}
+        return named - m.get("embedded", {}).keys()
 
     older = set().union(*(shas(v) for v in range(version)))
     return sorted(shas(version) - older)[0]
