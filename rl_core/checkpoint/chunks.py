@@ -218,11 +218,6 @@ class RowsSinceBase:
     rows: np.ndarray
     xor: np.ndarray
 
-    def entry_versions(self) -> set[int]:
-        """The versions whose objects a chain through this chunk would reference."""
-        refs = {self.version, *(link.version for link in self.entry.via)}
-        return refs | ({self.entry.ref_version} if self.entry.ref_version is not None else set())
-
 
 def _rows_against_parent(
     changed: np.ndarray, xor: np.ndarray, parent: RowsSinceBase

@@ -82,7 +82,7 @@ class ChainLink(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    version: int = Field(ge=0, description="a version whose manifest names this object (kept by GC)")
+    version: int = Field(ge=0, description="the version that stored this delta (for messages; gc need not keep it)")
     codec: str = Field(description="a registered delta codec (one that needs a reference)")
     chunk: str = Field(pattern=_SHA256_HEX, description="sha256 of the stored object's bytes")
     encoded_bytes: int = Field(ge=0)
@@ -216,8 +216,7 @@ class TensorEntry(BaseModel):
 
 def ref_versions_of(tensors: dict[str, TensorEntry]) -> set[int]:
     """The versions a version's tensor entries reference (see :meth:`Manifest.ref_versions`)."""
-    refs = {c.ref_version for e in tensors.values() for c in e.chunks if c.ref_version is not None}
-    return refs | {link.version for e in tensors.values() for c in e.chunks for link in c.via}
+    return {c.ref_version for e in tensors.values() for c in e.chunks if c.ref_version is not None}
 
 
 class Manifest(BaseModel):
@@ -326,8 +325,10 @@ class Manifest(BaseModel):
         return counts
 
     def ref_versions(self) -> set[int]:
-        """Versions whose objects this version references (its base, versions where late tensors began, and the
-        versions of its chains' links)."""
+        """Versions whose objects this version references (its base, and versions where late tensors began), which
+        gc keeps with it. Not its chains' link versions: this manifest names their objects itself, and gc keeps every
+        object a kept manifest names, so a kept chained version does not hold the dense deltas of the versions its
+        chains pass through."""
         return ref_versions_of(self.tensors)
 
     def chained(self) -> bool:

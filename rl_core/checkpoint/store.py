@@ -273,7 +273,8 @@ class CheckpointStore:
                 tensors=entries,
                 meta=meta_json,
             )
-            reused = {self._known.get(c.chunk) for e in entries.values() for c in e.chunks if not c.uploaded}
+            # a version naming each stored object this commit names but does not upload (chain links included)
+            reused = {self._known.get(sha) for sha in manifest.stored_objects() - encoded.payloads.keys()}
             reused = (reused - {None}) | manifest.ref_versions()
             self._storage_call("upload chunks", lambda: self._write_chunks(encoded.payloads))
             self._publish(manifest, reused)
@@ -288,8 +289,8 @@ class CheckpointStore:
                 # forget objects from before the previous base's cycle: a writer kept for a whole run then remembers
                 # two cycles' objects, not the whole run's
                 self._known = {sha: v for sha, v in self._known.items() if v >= self._base.version}
-            for sha in manifest.objects():
-                self._known.setdefault(sha, version)
+            for sha in manifest.objects():  # the newest version naming each: the one gc is likeliest to keep
+                self._known[sha] = version
             if is_base:
                 self._base = manifest
                 self._refs = {name: BaseTensor(version, entry, self._private_copy(arrays[name]))
@@ -430,9 +431,8 @@ class CheckpointStore:
         if self._base is not None and self._base.version == version:
             self._refs, self._base = None, None
         self._known = {sha: v for sha, v in self._known.items() if v != version}
-        rows = self._probes.rows_since_base.values()
-        if version == self._probes.version or any(version in r.entry_versions() for r in rows):
-            self._probes = replace(self._probes, rows_since_base={})  # no chain may extend through it
+        if version == self._probes.version:  # its manifest named the chains' objects; nothing may build on it
+            self._probes = replace(self._probes, rows_since_base={})
 
     def _forget_object(self, sha: str) -> None:
         """gc deleted object ``sha``: the next commit that needs it uploads it again."""

@@ -4,6 +4,8 @@ must restore exactly, stay bounded, survive gc and fail clearly when a link is d
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import fsspec
 import numpy as np
 import pytest
@@ -39,10 +41,14 @@ def _chunk_entries(store: CheckpointStore, version: int, name: str = "emb") -> l
 
 
 def _assert_restores(url: str, history: list[dict[str, np.ndarray]]) -> None:
+    _assert_restores_versions(url, history, range(len(history)))
+
+
+def _assert_restores_versions(url: str, history: list[dict[str, np.ndarray]], versions: Iterable[int]) -> None:
     fresh = CheckpointStore(url)
-    for v, state in enumerate(history):
+    for v in versions:
         snap = fresh.load(v)
-        for name, arr in state.items():
+        for name, arr in history[v].items():
             assert snap.tensors[name].tobytes() == arr.tobytes(), (v, name)
 
 
@@ -116,17 +122,22 @@ def test_a_missing_link_fails_every_version_after_it_and_load_falls_back_before_
     assert snap.version == 3 and snap.tensors["emb"].tobytes() == history[3]["emb"].tobytes()
 
 
-def test_gc_keeps_the_versions_a_kept_chain_runs_through(url: str) -> None:
+def test_gc_keeps_a_chained_versions_objects_not_the_versions_its_chains_pass_through(url: str) -> None:
     history = _sparse_history(6, seed=5)
-    store = CheckpointStore(url, chunk_bytes=64 * KIB)
+    store = CheckpointStore(url, chunk_bytes=64 * KIB, embed_bytes=0)  # the link objects in storage
     _commit_all(store, history)
-    needed = Manifest.model_validate(store.manifest(5)).ref_versions()
-    assert {0, 4} <= needed and len(needed) > 2
+    links = {link["version"] for c in _chunk_entries(store, 5) for link in c.get("via", [])}
+    assert {2, 3, 4} <= links
     store.gc(keep_last=1, grace_s=0.0)
-    assert set(store.versions()) == needed | {5}
+    assert store.versions() == [0, 5]  # the base and the newest: the other versions' objects may go
     assert CheckpointStore(url).load(5).tensors["emb"].tobytes() == history[5]["emb"].tobytes()
-    assert store.commit(history[5], {"i": 6}) == 6  # the writer goes on after gc
-    assert CheckpointStore(url).load(6).tensors["emb"].tobytes() == history[5]["emb"].tobytes()
+    history.append({k: v.copy() for k, v in history[5].items()})
+    history[6]["emb"][:40] += 1.0
+    assert store.commit(history[6], {"i": 6}) == 6  # the writer goes on after gc, its chains through them too
+    first, *rest = _chunk_entries(store, 6)  # rows 0-39 are in the first chunk; the others kept v5's entries
+    assert first["via"][-1]["version"] == 5 and {link["version"] for link in first["via"]} >= {2, 3, 4}
+    assert [c["chunk"] for c in rest] == [c["chunk"] for c in _chunk_entries(store, 5)[1:]]
+    _assert_restores_versions(url, history, [0, 5, 6])
 
 
 def test_a_chained_chunk_in_a_schema_3_manifest_is_refused(url: str) -> None:
