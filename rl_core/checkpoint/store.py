@@ -2,8 +2,10 @@
 
 Layout under the store URL::
 
-    chunks/<aa>/<sha256>      one encoded chunk, named by the sha256 of its stored bytes (aa = first 2 hex digits)
-    versions/<%08d>.json      manifest of a version (schema 3, or 4 when a chunk is chained; see manifest.py)
+    chunks/<aa>/<sha256>      one encoded chunk, named by the sha256 of its stored bytes (aa = first 2 hex digits);
+                              objects of at most ``embed_bytes`` (4 KiB) live in the manifests instead
+    versions/<%08d>.json      manifest of a version (schema 3, or 4 when a chunk is chained or an object embedded;
+                              see manifest.py)
     versions/<%08d>.commit    commit marker: the version exists if and only if this object exists; it holds the
                               manifest's sha256 (JSON), so a manifest edited in storage is refused (empty before
                               December 2026: such a version's manifest is not checked)
