@@ -78,9 +78,8 @@ def test_ckpt_reaches_the_checkpoint_tool_with_its_exit_statuses(tmp_path, capsy
     checkpoints = f"{tmp_path}/runs/alpha/checkpoints"
     assert main(["ckpt", "ls", checkpoints]) == 0 and "version" in capsys.readouterr().out
     assert main(["ckpt", "verify", checkpoints]) == 0
-    chunk = next(p for p in (tmp_path / "runs" / "alpha" / "checkpoints").rglob("*") if p.is_file()
-                 and "chunks" in p.parts)
-    chunk.write_bytes(b"corrupt")
+    manifest = tmp_path / "runs" / "alpha" / "checkpoints" / "versions" / "00000001.json"  # its small chunks are in it
+    manifest.write_bytes(manifest.read_bytes().replace(b'"iteration":1', b'"iteration":7'))
     assert main(["ckpt", "verify", checkpoints]) == 1
 
 
