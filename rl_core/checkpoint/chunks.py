@@ -310,9 +310,10 @@ class BaseTensor:
 @dataclass(frozen=True)
 class EncodedVersion:
     """A version's chunks, encoded: the manifest entries, the payloads to upload (objects not already known), the
-    payloads small enough to embed in the manifest instead (known or not: see manifest.py), its probes (by tensor and chunk offset), for a delta the estimated cost of a delta against the parent relative
-    to the one against the base (None when unknown: no parent probes, or no changed dense chunk), and the rows
-    each sparse-row chunk changed since the base with their XOR (by tensor and chunk offset: see RowsSinceBase)."""
+    payloads small enough to embed in the manifest instead (known or not: see manifest.py), its probes (by tensor
+    and chunk offset), for a delta the estimated cost of a delta against the parent relative to the one against the
+    base (None when unknown: no parent probes, or no changed dense chunk), and the rows each sparse-row chunk changed
+    since the base with their XOR (by tensor and chunk offset: see RowsSinceBase)."""
 
     entries: dict[str, TensorEntry]
     payloads: dict[str, bytes]

@@ -33,11 +33,12 @@ them from there instead of from storage. A policy's biases, normalizer statistic
 chunks, and writing each as a file of its own cost more than encoding the whole state (a quick flow state: 53 of its
 69 objects under 4 KiB; its commit took 8 ms into memory and 13-27 ms onto a local disk). Every manifest embeds every
 embedded object it names, so a writer finds the bytes of an object it references in the manifest of the version the
-reference names. Schema 4 is written only when a chunk is chained or an object embedded, so other stores stay
-readable by schema-3 readers. ``raw_xxh3`` is the XXH3-128 of the chunk's decoded bytes, checked on every restore (schema 2
-wrote ``raw_sha256`` instead; both verify the decoder, not an adversary, and XXH3 runs ~10x faster than
-sha256, which matters because every byte of every version is hashed); ``chunk`` is the sha256 of the stored
-object's bytes, checked on every read (it names the object, so it must resist collisions). ``uploaded`` says
+reference names. Schema 4 is written only when a chunk is chained or an object embedded (:func:`schema_for`),
+so other stores stay readable by schema-3 readers.
+
+``raw_xxh3`` is the XXH3-128 of the chunk's decoded bytes, checked on every restore (schema 2 wrote ``raw_sha256``
+instead; both verify the decoder, not an adversary, and XXH3 runs ~10x faster than sha256, which matters because
+every byte of every version is hashed); ``chunk`` is the sha256 of the stored object's bytes, checked on every read (it names the object, so it must resist collisions). ``uploaded`` says
 whether the commit that wrote this manifest uploaded the object (False: an identical object was already
 referenced by a version the writer knew), which is what :meth:`Manifest.encoded_bytes` counts as "added by this
 version".
@@ -56,7 +57,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints,
 
 from .codec import available_codecs, get_codec
 
-__all__ = ["EXTENDED_SCHEMA_VERSION", "SCHEMA_VERSION", "ChainLink", "ChunkEntry", "Manifest", "TensorEntry", "utc_now_iso"]
+__all__ = [
+    "EXTENDED_SCHEMA_VERSION", "SCHEMA_VERSION", "ChainLink", "ChunkEntry", "Manifest", "TensorEntry", "schema_for",
+    "utc_now_iso",
+]
 
 SCHEMA_VERSION = 3
 EXTENDED_SCHEMA_VERSION = 4
@@ -157,7 +161,7 @@ class ChunkEntry(BaseModel):
         return self
 
     def objects(self) -> tuple[str, ...]:
-        """Every stored object a restore of this chunk reads."""
+        """Every object a restore of this chunk reads (stored, or embedded in the manifest)."""
         if self.ref_chunk is None:
             return (self.chunk,)
         return (self.chunk, self.ref_chunk, *(link.chunk for link in self.via))
@@ -217,6 +221,15 @@ class TensorEntry(BaseModel):
 def ref_versions_of(tensors: dict[str, TensorEntry]) -> set[int]:
     """The versions a version's tensor entries reference (see :meth:`Manifest.ref_versions`)."""
     return {c.ref_version for e in tensors.values() for c in e.chunks if c.ref_version is not None}
+
+
+def _chained(tensors: dict[str, TensorEntry]) -> bool:
+    return any(c.via for e in tensors.values() for c in e.chunks)
+
+
+def schema_for(tensors: dict[str, TensorEntry], embedded: dict[str, str]) -> int:
+    """The schema a version is written in: 4 only when it needs it (a chained chunk, an embedded object)."""
+    return EXTENDED_SCHEMA_VERSION if embedded or _chained(tensors) else SCHEMA_VERSION
 
 
 class Manifest(BaseModel):
@@ -333,4 +346,4 @@ class Manifest(BaseModel):
 
     def chained(self) -> bool:
         """Whether any chunk is chained (the manifest is then schema 4)."""
-        return any(c.via for e in self.tensors.values() for c in e.chunks)
+        return _chained(self.tensors)

@@ -86,7 +86,7 @@ from .errors import (
     _fmt_versions,
 )
 from .gc import collect_garbage
-from .manifest import EXTENDED_SCHEMA_VERSION, SCHEMA_VERSION, Manifest, TensorEntry, commit_marker, ref_versions_of
+from .manifest import Manifest, TensorEntry, commit_marker, ref_versions_of, schema_for
 from .objects import StoreObjects, redact
 from .restore import VersionReader
 
@@ -262,10 +262,9 @@ class CheckpointStore:
                                      self._chunk_bytes, self._known, self._map, self._embed_bytes)
             entries = encoded.entries
             version = self._storage_call("list versions", self._next_version)
-            chained = any(c.via for e in entries.values() for c in e.chunks)
             embedded = self._storage_call("read manifests", lambda: self._embedded_table(entries, encoded.embedded))
             manifest = Manifest(
-                schema_version=EXTENDED_SCHEMA_VERSION if chained or embedded else SCHEMA_VERSION,
+                schema_version=schema_for(entries, embedded),
                 embedded=embedded,
                 version=version,
                 parent=None if head is None else head.version,

@@ -108,7 +108,8 @@ def test_a_fresh_writer_starts_a_new_chain_from_the_base(url: str) -> None:
 
 def test_a_missing_link_fails_every_version_after_it_and_load_falls_back_before_it(url: str) -> None:
     history = _sparse_history(6, seed=4)
-    store = CheckpointStore(url, chunk_bytes=64 * KIB, embed_bytes=0)  # the objects in storage, not embedded: this test is about them
+    # the objects in storage, not embedded: this test is about them
+    store = CheckpointStore(url, chunk_bytes=64 * KIB, embed_bytes=0)
     _commit_all(store, history)
     link = _chunk_entries(store, 5)[0]["via"][-1]
     assert link["version"] == 4

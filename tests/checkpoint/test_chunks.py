@@ -24,7 +24,8 @@ def _codecs(store: CheckpointStore, version: int, name: str) -> list[str]:
 
 def test_big_tensors_are_cut_into_chunks_and_only_changed_chunks_cost_anything(url: str) -> None:
     rng = np.random.default_rng(0)
-    store = CheckpointStore(url, chunk_bytes=16 * KIB, embed_bytes=0)  # the objects in storage, not embedded: this test is about them
+    # the objects in storage, not embedded: this test is about them
+    store = CheckpointStore(url, chunk_bytes=16 * KIB, embed_bytes=0)
     w = rng.standard_normal(40_000).astype(np.float32)  # 160 KB -> 10 chunks of 16 KiB (last one shorter)
     small = np.arange(3.0)
     store.commit({"w": w, "small": small}, {})

@@ -22,7 +22,8 @@ from tests.checkpoint.store_helpers import (
 
 def _versions(url: str, n: int) -> tuple[CheckpointStore, list[dict[str, np.ndarray]]]:
     rng = np.random.default_rng(3)
-    store = CheckpointStore(url, full_every=8, embed_bytes=0)  # the objects in storage, not embedded: this test is about them
+    # the objects in storage, not embedded: this test is about them
+    store = CheckpointStore(url, full_every=8, embed_bytes=0)
     states = [policy_state(3)]
     for _ in range(n - 1):
         states.append(optimizer_step(states[-1], rng))
