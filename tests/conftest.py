@@ -6,6 +6,7 @@ user's ~/.prefect, tuned kernels or ./runs, and a cache hit can never leak in fr
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 
 _SESSION_DIR = tempfile.mkdtemp(prefix="gymflow-tests-")
@@ -17,6 +18,13 @@ os.environ.setdefault("GYMFLOW_CACHE_DIR", os.path.join(_SESSION_DIR, "cache"))
 os.environ.pop("RAY_ADDRESS", None)
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+
+# A session started as a background job of a non-interactive shell (`make test &`, some CI runners) inherits SIGINT
+# ignored, and so would every process it starts. Prefect's worker stops on SIGTERM by sending itself SIGINT: with
+# SIGINT ignored it goes on polling (measured: still running 60 s after the drills' SIGTERM). Processes exec'd from
+# here get SIGINT's default (tests/test_session_signals.py).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import shutil  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
