@@ -86,6 +86,7 @@ from .errors import (
     _fmt_versions,
 )
 from .gc import collect_garbage
+from .jobs import run_jobs
 from .manifest import Manifest, TensorEntry, commit_marker, ref_versions_of, schema_for
 from .objects import StoreObjects, redact
 from .restore import VersionReader
@@ -294,8 +295,9 @@ class CheckpointStore:
                 self._known[sha] = version
             if is_base:
                 self._base = manifest
-                self._refs = {name: BaseTensor(version, entry, self._private_copy(arrays[name]))
-                              for name, entry in entries.items()}
+                copies = self._map(self._private_copy, [(arrays[name],) for name in entries],
+                                   sum(arrays[name].nbytes for name in entries))
+                self._refs = {name: BaseTensor(version, entry, raw) for (name, entry), raw in zip(entries.items(), copies)}
             else:
                 for name, entry in entries.items():  # tensors new since the base: later deltas refer to this version
                     if name not in refs and all(c.codec == "full" for c in entry.chunks):
@@ -451,15 +453,15 @@ class CheckpointStore:
     # ----------------------------------------------------------------------------------------- writing
 
     def _map(self, fn: Callable[..., Any], items: list[Any], nbytes: int) -> list[Any]:
-        """Run ``fn`` over items (``nbytes`` of data in all) on the worker threads, in order; the first failure is
-        raised. Small work on a local filesystem runs inline: there one future per job and the GIL hand-offs cost
-        more than the work (a 69-tensor, 182 KB learner state measured here: commit 23 vs 29 ms, load 5 vs 13 ms).
-        Object stores keep the threads at any size, since each job waits on a network round trip."""
+        """Run ``fn`` over items (``nbytes`` of data in all) on ``workers`` threads, the caller one of them (see
+        jobs.py), in order; the first failure is raised. Small work on a local filesystem runs inline: there the
+        GIL hand-offs cost more than the work (a 69-tensor, 182 KB learner state measured here: commit 23 vs 29 ms,
+        load 5 vs 13 ms). Object stores keep the threads at any size, since each job waits on a network round trip."""
         if len(items) <= 1 or self._workers == 1 or (self._objects.local and nbytes < INLINE_MAX_BYTES):
             return [fn(*it) for it in items]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="ckpt")
-        return list(self._pool.map(lambda it: fn(*it), items))
+            self._pool = ThreadPoolExecutor(self._workers - 1, thread_name_prefix="ckpt")
+        return run_jobs(self._pool, self._workers - 1, fn, items)
 
     def _storage_call(self, what: str, fn: Callable[[], Any]) -> Any:
         """Run a storage operation; backend failures (an unreachable endpoint, no permission) become StorageError
