@@ -53,26 +53,25 @@ The remaining window is a writer re-uploading an *orphaned* object between gc's 
 the delete (milliseconds, and only for objects no committed version references); a claim left by a crashed
 writer is deleted once older than ``grace_s``.
 
-How each backend publishes whole objects and creates exclusively: ``objects.py``. Reading back: ``restore.py``.
+How each backend publishes whole objects and creates exclusively: ``objects.py``. The writer's state and the
+commit: ``writer.py``. Reading back: ``restore.py``.
 """
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
-import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .chunks import BaseTensor, RowsSinceBase, encode_version, normalize_meta, prepare_tensors, raw_view, to_array
+from .chunks import normalize_meta, prepare_tensors, to_array
 from .errors import (
     CheckpointError,
     ChunkCorruptError,
@@ -87,9 +86,10 @@ from .errors import (
 )
 from .gc import collect_garbage
 from .jobs import run_jobs
-from .manifest import Manifest, TensorEntry, commit_marker, ref_versions_of, schema_for
+from .manifest import Manifest
 from .objects import StoreObjects, redact
 from .restore import VersionReader
+from .writer import VersionWriter
 
 __all__ = [
     "CheckpointError",
@@ -105,7 +105,6 @@ __all__ = [
     "VersionNotFoundError",
 ]
 
-logger = logging.getLogger("rl_core.checkpoint")
 
 DEFAULT_CHUNK_BYTES = 8 << 20
 INLINE_MAX_BYTES = 4 << 20
@@ -140,23 +139,6 @@ class Snapshot:
             logical = self.logical_dtypes.get(name)
             out[name] = t.view(getattr(torch, logical)) if logical else t
         return out
-
-
-@dataclass(frozen=True)
-class _Probes:
-    """Probes (see chunks.probe) of the version this store last committed, by (tensor, chunk offset), that
-    commit's estimate of a fresh delta's cost relative to its delta against the base, and what the next commit
-    needs to chain that version's sparse-row chunks (see chunks.RowsSinceBase)."""
-
-    version: int | None = None
-    by_chunk: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
-    fresh_ratio: float | None = None
-    rows_since_base: dict[tuple[str, int], RowsSinceBase] = field(default_factory=dict)
-
-
-def _delta_bytes(manifest: Manifest) -> int:
-    """Bytes of the objects a delta version stores itself (its non-"same" chunks, each object once)."""
-    return sum({c.chunk: c.encoded_bytes for e in manifest.tensors.values() for c in e.chunks if c.codec != "same"}.values())
 
 
 # --------------------------------------------------------------------------------------------------- store
@@ -202,15 +184,7 @@ class CheckpointStore:
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
         self._reader = VersionReader(self._objects, self._url, self._map)
-        # writer state: the tensors deltas are encoded against, and the version the next commit builds on
-        self._refs: dict[str, BaseTensor] | None = None
-        self._base: Manifest | None = None
-        self._head: Manifest | None = None
-        self._pending_base: int | None = None
-        self._probes = _Probes()  # of the version this store last committed (see _rebase_due)
-        # object sha -> a committed version referencing it, for objects this store wrote or read and verified:
-        # those are not uploaded again (anything else is, see _write_chunks)
-        self._known: dict[str, int] = {}
+        self._writer = self._new_writer()
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self._url!r}, full_every={self._full_every})"
@@ -253,56 +227,7 @@ class CheckpointStore:
         arrays, logical = prepare_tensors(tensors, logical_dtypes)
         meta_json = normalize_meta(meta)
         with self._lock:
-            self._prepare_reference()
-            head, refs = self._head, self._refs
-            is_base = refs is None or head is None or self._rebase_due(head)
-            depth = 0 if is_base else head.depth + 1
-            use_refs = {} if is_base else refs
-            parent = self._probes if head is not None and self._probes.version == head.version else _Probes()
-            encoded = encode_version(arrays, logical, use_refs, parent.by_chunk, parent.rows_since_base,
-                                     self._chunk_bytes, self._known, self._map, self._embed_bytes)
-            entries = encoded.entries
-            version = self._storage_call("list versions", self._next_version)
-            embedded = self._storage_call("read manifests", lambda: self._embedded_table(entries, encoded.embedded))
-            manifest = Manifest(
-                schema_version=schema_for(entries, embedded),
-                embedded=embedded,
-                version=version,
-                parent=None if head is None else head.version,
-                base=None if is_base else self._base.version,
-                depth=depth,
-                chunk_bytes=self._chunk_bytes,
-                tensors=entries,
-                meta=meta_json,
-            )
-            # a version naming each stored object this commit names but does not upload (chain links included)
-            reused = {self._known.get(sha) for sha in manifest.stored_objects() - encoded.payloads.keys()}
-            reused = (reused - {None}) | manifest.ref_versions()
-            self._storage_call("upload chunks", lambda: self._write_chunks(encoded.payloads))
-            self._publish(manifest, reused)
-            self._reader.remember(manifest)
-            self._head = manifest
-            chunk_entries = {(name, c.offset): c for name, e in entries.items() for c in e.chunks}
-            self._probes = _Probes(version, encoded.probes, encoded.fresh_ratio, {
-                key: RowsSinceBase(version, chunk_entries[key], rows, xor)
-                for key, (rows, xor) in encoded.since_base.items()
-            })
-            if is_base and self._base is not None:
-                # forget objects from before the previous base's cycle: a writer kept for a whole run then remembers
-                # two cycles' objects, not the whole run's
-                self._known = {sha: v for sha, v in self._known.items() if v >= self._base.version}
-            for sha in manifest.objects():  # the newest version naming each: the one gc is likeliest to keep
-                self._known[sha] = version
-            if is_base:
-                self._base = manifest
-                copies = self._map(self._private_copy, [(arrays[name],) for name in entries],
-                                   sum(arrays[name].nbytes for name in entries))
-                self._refs = {name: BaseTensor(version, entry, raw) for (name, entry), raw in zip(entries.items(), copies)}
-            else:
-                for name, entry in entries.items():  # tensors new since the base: later deltas refer to this version
-                    if name not in refs and all(c.codec == "full" for c in entry.chunks):
-                        self._refs[name] = BaseTensor(version, entry, self._private_copy(arrays[name]))
-            return version
+            return self._writer.commit(arrays, logical, meta_json)
 
     def load(self, version: int | None = None) -> Snapshot:
         """Restore ``version`` exactly, verifying every chunk hash and every decoded chunk hash.
@@ -314,18 +239,11 @@ class CheckpointStore:
         """
         with self._lock:
             manifest, raws = self._storage_call("load", lambda: self._load_verified(version))
-            self._head = manifest
-            if manifest.base is None:
-                self._base = manifest
-                self._refs = {name: BaseTensor(manifest.version, e, raws[name]) for name, e in manifest.tensors.items()}
-                self._pending_base = None
-            elif self._base is None or self._base.version != manifest.base:
-                self._refs, self._base, self._pending_base = None, None, manifest.base
-            for sha in manifest.objects():
-                self._known.setdefault(sha, manifest.version)
+            self._writer.loaded(manifest, raws)
         tensors = {name: to_array(entry, raws[name]) for name, entry in manifest.tensors.items()}
         logical = {n: e.logical_dtype for n, e in manifest.tensors.items() if e.logical_dtype}
-        return Snapshot(version=manifest.version, tensors=tensors, meta=copy.deepcopy(manifest.meta), logical_dtypes=logical)
+        return Snapshot(version=manifest.version, tensors=tensors, meta=copy.deepcopy(manifest.meta),
+                        logical_dtypes=logical)
 
     def manifest(self, version: int) -> dict[str, Any]:
         """The manifest of a committed version as a JSON-compatible dict (a copy)."""
@@ -389,8 +307,7 @@ class CheckpointStore:
             # Start over as a new store instance would: the set-aside version may hold a corrupt object that must be
             # written again, not trusted as known.
             self._reader = VersionReader(self._objects, self._url, self._map)
-            self._head = self._base = self._refs = self._pending_base = None
-            self._probes, self._known = _Probes(), {}
+            self._writer = self._new_writer()
             return self._objects.set_aside_path(version, stamp, "*")
 
     def set_aside_count(self) -> int:
@@ -422,26 +339,9 @@ class CheckpointStore:
         with self._lock:
             return self._storage_call("collect garbage", lambda: collect_garbage(
                 self._objects, self._reader, self._url, keep_last=keep_last, keep_every=keep_every, grace_s=grace_s,
-                claim_grace_s=claim_grace_s, dry_run=dry_run, forget_version=self._forget_version,
-                forget_object=self._forget_object,
+                claim_grace_s=claim_grace_s, dry_run=dry_run, forget_version=self._writer.forget_version,
+                forget_object=self._writer.forget_object,
             ))
-
-    def _forget_version(self, version: int) -> None:
-        """gc deleted ``version``: drop its manifest, and stop building on it or reusing its objects."""
-        self._reader.forget(version)
-        if self._head is not None and self._head.version == version:
-            self._head = None
-        if self._base is not None and self._base.version == version:
-            self._refs, self._base = None, None
-        self._known = {sha: v for sha, v in self._known.items() if v != version}
-        if version == self._probes.version:  # its manifest named the chains' objects; nothing may build on it
-            self._probes = replace(self._probes, rows_since_base={})
-
-    def _forget_object(self, sha: str) -> None:
-        """gc deleted object ``sha``: the next commit that needs it uploads it again."""
-        self._known.pop(sha, None)
-        if any(sha in r.entry.objects() for r in self._probes.rows_since_base.values()):
-            self._probes = replace(self._probes, rows_since_base={})
 
     def close(self) -> None:
         """Stop the worker threads (the store stays usable; they restart on demand)."""
@@ -450,7 +350,15 @@ class CheckpointStore:
                 self._pool.shutdown(wait=True)
                 self._pool = None
 
-    # ----------------------------------------------------------------------------------------- writing
+    # ----------------------------------------------------------------------------- writer, threads, storage
+
+    def _new_writer(self) -> VersionWriter:
+        """A writer that knows nothing yet: its first commit reads what it builds on from storage."""
+        return VersionWriter(
+            self._objects, self._reader, self._url, run_jobs=self._map, storage_call=self._storage_call,
+            storage_error=self._storage_error, versions=self.versions, full_every=self._full_every,
+            chunk_bytes=self._chunk_bytes, rebase_ratio=self._rebase_ratio, embed_bytes=self._embed_bytes,
+        )
 
     def _map(self, fn: Callable[..., Any], items: list[Any], nbytes: int) -> list[Any]:
         """Run ``fn`` over items (``nbytes`` of data in all) on ``workers`` threads, the caller one of them (see
@@ -472,137 +380,6 @@ class CheckpointStore:
             raise
         except Exception as exc:  # noqa: BLE001 - botocore, aiohttp, OSError ...: all mean "storage failed"
             raise self._storage_error(what, exc) from exc
-
-    @staticmethod
-    def _private_copy(arr: np.ndarray) -> np.ndarray:
-        raw = raw_view(arr).copy()
-        raw.flags.writeable = False
-        return raw
-
-    def _rebase_due(self, head: Manifest) -> bool:
-        """A new base after ``full_every - 1`` deltas, or after a delta that cost > rebase_ratio x its base,
-        unless a new base is not expected to pay.
-
-        Whether it pays depends on the workload, so it is estimated: the commit that wrote ``head`` also
-        encoded a probe of each changed chunk against the version before it, i.e. what a delta right after a
-        new base would cost (``fresh``). A new base pays when a cycle of it plus ``full_every - 1`` fresh
-        deltas costs less per version than the aged delta does now. Measured (bench/checkpoint.py): Adam on a
-        1M MLP, whose fresh deltas shrink as training slows, gains from rebasing at 0.7 (0.71 vs 0.75 x
-        torch.save); a 25M transformer, whose fresh deltas cost as much as aged ones, loses (a base every
-        other version). Without probes of ``head`` (a fresh process) the plain 0.7 rule applies."""
-        if head.depth + 1 >= self._full_every:
-            return True
-        if head.base is None or self._base is None:
-            return False
-        full, delta = self._base.stored_bytes(), _delta_bytes(head)
-        if not (full > 0 and delta > self._rebase_ratio * full):
-            return False
-        if self._probes.version != head.version or self._probes.fresh_ratio is None:
-            return True
-        fresh = delta * self._probes.fresh_ratio
-        return (full + (self._full_every - 1) * fresh) / self._full_every < delta
-
-    def _prepare_reference(self) -> None:
-        """Make sure the writer knows what to encode against: nothing in memory (fresh store, or a loaded delta
-        whose base is not restored yet) -> restore the base of the newest (or loaded) version, once."""
-        if self._refs is not None:
-            return
-        base_version = self._pending_base
-        if base_version is None:
-            committed = self.versions()
-            for v in reversed(committed):
-                try:
-                    head = self._reader.manifest(v, v)
-                except RestoreError as exc:
-                    logger.warning("%s Skipping it when choosing what to commit against.", exc)
-                    continue
-                self._head = head
-                base_version = head.version if head.base is None else head.base
-                break
-            if base_version is None:
-                self._head = None
-                return
-        try:
-            base, raws = self._reader.restore(base_version)
-        except RestoreError as exc:
-            logger.warning("%s Committing a full snapshot instead of a delta.", exc)
-            self._head, self._pending_base, self._known = None, None, {}
-            return
-        self._base, self._pending_base = base, None
-        self._refs = {name: BaseTensor(base.version, e, raws[name]) for name, e in base.tensors.items()}
-        for sha in base.objects():
-            self._known.setdefault(sha, base.version)
-
-    def _embedded_table(self, entries: dict[str, TensorEntry], own: dict[str, bytes]) -> dict[str, str]:
-        """What a new version's manifest embeds: its own small payloads, and every embedded object it references,
-        taken from the manifest of the version each reference names (which embeds it: see manifest.py), or of
-        the head for chunks the version keeps as the head stored them."""
-        table = {sha: base64.b64encode(payload).decode("ascii") for sha, payload in own.items()}
-        named = {o for e in entries.values() for c in e.chunks for o in c.objects()} - table.keys()
-        sources = ref_versions_of(entries) | ({self._head.version} if self._head is not None else set())
-        for v in sorted(sources):
-            if not named:
-                break
-            carried = self._reader.manifest(v, v).embedded
-            for sha in named & carried.keys():
-                table[sha] = carried[sha]
-            named -= carried.keys()
-        return table
-
-    def _write_chunks(self, payloads: dict[str, bytes]) -> None:
-        """Upload every object (always: an existing object of the same name may be an orphan that gc is
-        about to delete; uploading refreshes it, see the module docstring)."""
-        self._objects.put_many([(self._objects.chunk_path(sha), data) for sha, data in payloads.items()], self._map)
-
-    def _next_version(self) -> int:
-        committed, claimed = self._objects.scan()
-        return max(committed | claimed, default=-1) + 1
-
-    def _publish(self, manifest: Manifest, reused: set[int]) -> None:
-        """Claim the version with the manifest, check what it reuses still exists, then make it visible with
-        the marker (see module docstring)."""
-        version = manifest.version
-        objects = self._objects
-        manifest_path, marker_path = objects.manifest_path(version), objects.marker_path(version)
-        data = manifest.to_json_bytes()
-        try:
-            objects.create_exclusive(manifest_path, data)
-        except FileExistsError:
-            raise VersionConflictError(self._url, version) from None
-        except BaseException as exc:
-            objects.discard_if_ours(manifest_path, data)
-            if isinstance(exc, Exception) and not isinstance(exc, CheckpointError):
-                raise self._storage_error("write manifest", exc) from exc
-            raise
-        for v in sorted(reused):
-            present = objects.exists_or_none(objects.marker_path(v))
-            if not present:
-                objects.discard(manifest_path)
-                self._refs, self._base, self._head, self._known = None, None, None, {}
-                what = "was deleted (by gc?)" if present is False else "could not be checked (storage unreachable?)"
-                err = StorageError if present is None else CheckpointError
-                raise err(
-                    f"checkpoint store {self._url}: version {v}, whose chunks version {version} reuses, {what} "
-                    "during the commit; nothing of this commit is visible. Commit again (it writes a full version)"
-                )
-        marker = commit_marker(data)
-        try:
-            objects.create_exclusive(marker_path, marker)
-        except FileExistsError:
-            objects.discard(manifest_path)
-            raise VersionConflictError(self._url, version) from None
-        except BaseException as exc:
-            landed = objects.landed(marker_path, marker)
-            if landed:  # our side saw an error but the marker reached storage: the version is committed
-                logger.warning(
-                    "commit marker %s was written despite %r; version %d is committed", marker_path, exc, version
-                )
-                return
-            if landed is False:  # when unknown (None) keep the claim: an orphan claim only costs a number
-                objects.discard(manifest_path)
-            if isinstance(exc, Exception) and not isinstance(exc, CheckpointError):
-                raise self._storage_error("write commit marker", exc) from exc
-            raise
 
     def _storage_error(self, what: str, exc: BaseException) -> StorageError:
         if what in ("list versions", "load"):

@@ -108,7 +108,7 @@ def test_a_writer_kept_for_a_whole_run_stays_bounded_and_every_version_loads(url
         state = optimizer_step(state, rng)
         assert len(store._reader._manifests) <= MANIFESTS_CACHED
     bases = [v for v in range(len(history)) if store.manifest(v)["base"] is None]
-    assert len(bases) > 3 and min(store._known.values()) == bases[-2]
+    assert len(bases) > 3 and min(store._writer._known.values()) == bases[-2]
     newest_base = bases[-1]
     meta = store.meta(0)  # no longer cached: read again
     meta["i"] = "changed"
@@ -268,7 +268,7 @@ def test_s3_round_trip_against_a_real_endpoint(s3_endpoint: str) -> None:
     racer = CheckpointStore("s3://ckpt-bucket/run", storage_options=options)
     racer.load()
     fresh.commit(states[0], {})  # takes version 3 ...
-    racer._next_version = lambda: 3  # type: ignore[method-assign]  # ... which the racer also picked
+    racer._writer._next_version = lambda: 3  # type: ignore[method-assign]  # ... which the racer also picked
     with pytest.raises(VersionConflictError, match="version 3"):
         racer.commit(states[1], {})
     assert CheckpointStore("s3://ckpt-bucket/run", storage_options=options).load().version == 3

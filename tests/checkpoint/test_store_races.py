@@ -18,13 +18,13 @@ def test_two_stores_racing_for_the_same_version_exactly_one_wins(url: str, monke
     winner, loser = CheckpointStore(url), CheckpointStore(url)
     winner_state, loser_state = {"x": np.full(100, 1.0)}, {"x": np.full(100, 2.0)}
 
-    real_publish = loser._publish
+    real_publish = loser._writer._publish
 
     def publish_after_the_winner(manifest, *args):  # the loser has picked version 1; the winner commits it first
         assert winner.commit(winner_state, {"who": "winner"}) == manifest.version == 1
         return real_publish(manifest, *args)
 
-    monkeypatch.setattr(loser, "_publish", publish_after_the_winner)
+    monkeypatch.setattr(loser._writer, "_publish", publish_after_the_winner)
     with pytest.raises(VersionConflictError, match="version 1 of checkpoint store") as info:
         loser.commit(loser_state, {"who": "loser"})
     assert loser.url in str(info.value)
