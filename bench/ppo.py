@@ -117,6 +117,7 @@ def run_sb3(cfg: RunConfig, setup: tuple[str, int] = ("DummyVecEnv", 1)) -> dict
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
     vec, threads = setup
@@ -135,6 +136,7 @@ def run_sb3(cfg: RunConfig, setup: tuple[str, int] = ("DummyVecEnv", 1)) -> dict
                        "log_std_init": p.log_std_init},
         seed=cfg.seed, device="cpu", verbose=0,
     )
+    model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's own would leave an empty /tmp/SB3-<time> a run
     steps = cfg.iterations * cfg.batch_size
     model.learn(total_timesteps=steps)
     train_s = time.perf_counter() - start  # the envs' start (SubprocVecEnv's processes) included
