@@ -185,7 +185,7 @@ def _choose_dense(chunk: ChunkBytes) -> tuple[CodecSpec, bytes]:
 
 def probe(raw: np.ndarray, itemsize: int) -> np.ndarray | None:
     """A copy of one element-aligned ``_SAMPLE_SLICE_BYTES`` slice from the middle of a chunk (None for
-    smaller chunks). The store keeps the probes of the version it last committed, so that the next commit can
+    smaller chunks). The writer keeps the probes of the version it last committed, so that the next commit can
     estimate what a delta right after a new base would cost (see ``writer.VersionWriter._rebase_due``)."""
     width = _SAMPLE_SLICE_BYTES // itemsize * itemsize
     if raw.size < max(width, itemsize):

@@ -38,10 +38,10 @@ so other stores stay readable by schema-3 readers.
 
 ``raw_xxh3`` is the XXH3-128 of the chunk's decoded bytes, checked on every restore (schema 2 wrote ``raw_sha256``
 instead; both verify the decoder, not an adversary, and XXH3 runs ~10x faster than sha256, which matters because
-every byte of every version is hashed); ``chunk`` is the sha256 of the stored object's bytes, checked on every read (it names the object, so it must resist collisions). ``uploaded`` says
-whether the commit that wrote this manifest uploaded the object (False: an identical object was already
-referenced by a version the writer knew), which is what :meth:`Manifest.encoded_bytes` counts as "added by this
-version".
+every byte of every version is hashed); ``chunk`` is the sha256 of the stored object's bytes, checked on every read
+(it names the object, so it must resist collisions). ``uploaded`` says whether the commit that wrote this manifest
+uploaded the object (False: an identical object was already referenced by a version the writer knew), which is what
+:meth:`Manifest.encoded_bytes` counts as "added by this version".
 """
 
 from __future__ import annotations

@@ -23,38 +23,23 @@ stored size (the base has then aged so much that deltas cost nearly a full copy;
 small again). A version restores from at most two objects per chunk, its own and the base's, plus one per link of
 a chained chunk (fewer than ``full_every``).
 
-Commit protocol (why each step is there):
+Commit protocol: five steps, each there for a reason given in ``writer.py``, the writer's state and its commit.
 
-1. Encode every chunk (nothing is written yet, so an encoding error leaves no trace).
-2. Upload every chunk object the writer does not know to be referenced by a committed version (an existing
-   object of that name is overwritten, not trusted: see GC below). Each object appears whole or not at all
-   (object stores publish on upload completion; local files are written under a temp name and renamed).
-3. Claim the version by creating its manifest *exclusively*. A loser of a race learns it lost before it writes
-   anything a reader could see and gets :class:`VersionConflictError`.
-4. Check that the versions whose objects this commit reuses without uploading (its base, normally) still have
-   their commit markers; a concurrent ``gc`` may have deleted them. If one is gone the claim is withdrawn and
-   the commit fails with :class:`CheckpointError` (the next commit writes a new full base).
-5. Create the commit marker exclusively. Readers list markers only, so the version becomes visible in one step.
+Garbage collection (:meth:`CheckpointStore.gc`), safe while a writer is active. Order of work: (a) list chunk
+objects with their modification times; (b) list versions and choose those outside the policy, never one that a
+retained version references (its base); (c) delete each such version, marker first (it disappears atomically for
+readers), then manifest; (d) list every manifest again, committed *and* claimed (in-flight), and collect the
+objects they reference; (e) delete an object from (a) only if it is referenced by none of them AND its
+modification time, re-read just before deleting, is older than ``grace_s`` (default 1 h). Claims (manifests
+without a marker) are deleted once older than ``claim_grace_s`` (1 h). Why this is safe: an object uploaded by an
+in-flight commit is either newer than listing (a) or younger than the grace period, until its manifest claim
+exists, after which (d) sees it. An object the writer reuses without uploading belongs to a version it checks in
+step 4 (writer.py) after its claim: if gc removed that version's marker before the check, the commit fails; if
+after, the claim already existed for listing (d). The remaining window is a writer re-uploading an *orphaned*
+object between gc's re-read of its mtime and the delete (milliseconds, and only for objects no committed version
+references); a claim left by a crashed writer is deleted once older than ``grace_s``.
 
-A claim whose writer died before step 5 is invisible to readers; writers skip its number.
-
-Garbage collection (:meth:`CheckpointStore.gc`), safe while a writer is active. Order of work:
-(a) list chunk objects with their modification times; (b) list versions and choose those outside the policy,
-never one that a retained version references (its base); (c) delete each such version, marker first (it
-disappears atomically for readers), then manifest; (d) list every manifest again, committed *and* claimed
-(in-flight), and collect the objects they reference; (e) delete an object from (a) only if it is referenced
-by none of them AND its modification time, re-read just before deleting, is older than ``grace_s``
-(default 1 h). Claims (manifests without a marker) are deleted once older than ``claim_grace_s`` (1 h).
-Why this is safe: an object uploaded by an in-flight commit is either newer than listing (a)
-or younger than the grace period, until its manifest claim exists, after which (d) sees it. An object the
-writer reuses without uploading belongs to a version it checks in step 4 after its claim: if gc removed that
-version's marker before the check, the commit fails; if after, the claim already existed for listing (d).
-The remaining window is a writer re-uploading an *orphaned* object between gc's re-read of its mtime and
-the delete (milliseconds, and only for objects no committed version references); a claim left by a crashed
-writer is deleted once older than ``grace_s``.
-
-How each backend publishes whole objects and creates exclusively: ``objects.py``. The writer's state and the
-commit: ``writer.py``. Reading back: ``restore.py``.
+How each backend publishes whole objects and creates exclusively: ``objects.py``. Reading back: ``restore.py``.
 """
 
 from __future__ import annotations

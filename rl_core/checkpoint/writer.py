@@ -1,11 +1,26 @@
 """The writing side of a CheckpointStore: what the next commit encodes against, and the commit protocol.
 
-store.py's docstring says what a version is made of and why each step of a commit is there; this module holds the
-writer's state and runs those steps. The state is a cache of what storage holds, kept so that a commit need not
+store.py's docstring says what a version is made of and how gc stays safe beside a writer; this module holds the
+writer's state and runs the commit. The state is a cache of what storage holds, kept so that a commit need not
 read it back: the base's tensors (what every delta is encoded against), the head (the version the next commit
 follows), what the last commit measured (probes of its chunks, the rows its sparse-row chunks changed since the
 base), and the objects known to be stored (those are not uploaded again). Whatever is missing is read back from
 storage (``_prepare_reference``). Not thread-safe: the store calls it under its lock.
+
+Commit protocol (why each step is there):
+
+1. Encode every chunk (nothing is written yet, so an encoding error leaves no trace).
+2. Upload every chunk object the writer does not know to be referenced by a committed version (an existing
+   object of that name is overwritten, not trusted: see GC in store.py). Each object appears whole or not at all
+   (object stores publish on upload completion; local files are written under a temp name and renamed).
+3. Claim the version by creating its manifest *exclusively*. A loser of a race learns it lost before it writes
+   anything a reader could see and gets :class:`VersionConflictError`.
+4. Check that the versions whose objects this commit reuses without uploading (its base, normally) still have
+   their commit markers; a concurrent ``gc`` may have deleted them. If one is gone the claim is withdrawn and
+   the commit fails with :class:`CheckpointError` (the next commit writes a new full base).
+5. Create the commit marker exclusively. Readers list markers only, so the version becomes visible in one step.
+
+A claim whose writer died before step 5 is invisible to readers; writers skip its number.
 """
 
 from __future__ import annotations
@@ -234,7 +249,7 @@ class VersionWriter:
 
     def _write_chunks(self, payloads: dict[str, bytes]) -> None:
         """Upload every object (always: an existing object of the same name may be an orphan that gc is
-        about to delete; uploading refreshes it, see store.py's docstring)."""
+        about to delete; uploading refreshes it, see store.py's docstring on gc)."""
         self._objects.put_many([(self._objects.chunk_path(sha), data) for sha, data in payloads.items()], self._map)
 
     def _next_version(self) -> int:
@@ -243,7 +258,7 @@ class VersionWriter:
 
     def _publish(self, manifest: Manifest, reused: set[int]) -> None:
         """Claim the version with the manifest, check what it reuses still exists, then make it visible with
-        the marker (see store.py's docstring)."""
+        the marker (steps 3-5 of the module docstring)."""
         version = manifest.version
         objects = self._objects
         manifest_path, marker_path = objects.manifest_path(version), objects.marker_path(version)
