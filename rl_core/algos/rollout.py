@@ -6,8 +6,6 @@ generator states, whichever worker steps the env.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
@@ -75,7 +73,11 @@ def collect_rollout(
             finished.extend(result.finished_returns.tolist())
             obs = result.obs
         next_value = model.value(torch.from_numpy(norm.normalize(obs))).numpy()
-        logp_buf = _gaussian_log_prob(torch.from_numpy(act_buf), torch.from_numpy(mean_buf), std).numpy()
+        # Once for the whole rollout, through torch's own Normal: decoupled PPO recomputes these log-probs that way
+        # and finds them equal when its forward pass gives the rollout's bits. torch sums each row of the action
+        # dimension in the same order whatever rows surround it (not numpy's order: the sum stays in torch).
+        behaviour = torch.distributions.Normal(torch.from_numpy(mean_buf), std, validate_args=False)
+        logp_buf = behaviour.log_prob(torch.from_numpy(act_buf)).sum(-1).numpy()
     experience = Experience(
         obs=obs_buf, actions=act_buf, logprobs=logp_buf, values=value_buf, rewards=reward_buf, dones=done_buf,
         trunc_values=trunc_value_buf, next_value=next_value.astype(np.float32), obs_moments=Moments.of(raw_obs),
@@ -83,11 +85,3 @@ def collect_rollout(
     )
     return experience, {"finished_returns": finished, "env_steps": steps * n}
 
-
-def _gaussian_log_prob(action: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """(..., A) -> (...): Normal(mean, std).log_prob(action).sum(-1)'s arithmetic, op for op, so its bits: decoupled
-    PPO recomputes these log-probs from the same weights and finds them equal when its forward pass gives the
-    rollout's bits. Computed once for the whole rollout: torch sums each row of the last dimension in the same order
-    whatever the rows around it, so this gives every step's bits (torch's order is not numpy's: keep the sum here)."""
-    two_var, log_scale, log_sqrt_2pi = 2 * std**2, std.log(), math.log(math.sqrt(2 * math.pi))
-    return (-((action - mean) ** 2) / two_var - log_scale - log_sqrt_2pi).sum(-1)
