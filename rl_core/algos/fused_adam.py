@@ -34,22 +34,36 @@ class FusedAdam:
         self.param_groups: list[dict[str, Any]] = [
             {"params": self.params, "lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}]
         self.state: list[dict[str, torch.Tensor]] = [{} for _ in self.params]
+        # Every parameter's step count is a 0-d view of this one tensor, so a step adds 1 to them all in one op:
+        # `torch._foreach_add_` over the 13 scalars of PPO's actor-critic took 21 us a call here, `add_` 2.4 us (of
+        # a ~0.5 ms minibatch step). The same float32 additions, so the same counts and bits.
+        self._counts: torch.Tensor | None = None
+        self._slot_lists: tuple[list[torch.Tensor], ...] = ()
 
     @torch.no_grad()
     def step(self) -> None:
         """One Adam step from the parameters' current `.grad`."""
-        if not self.state[0]:
-            for p, slots in zip(self.params, self.state):
-                slots.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
-                             exp_avg_sq=torch.zeros_like(p))
+        if self._counts is None:
+            self._start_state([{"step": torch.zeros((), dtype=torch.float32), "exp_avg": torch.zeros_like(p),
+                                "exp_avg_sq": torch.zeros_like(p)} for p in self.params])
         group = self.param_groups[0]
         beta1, beta2 = group["betas"]
-        steps = [s["step"] for s in self.state]
-        torch._foreach_add_(steps, 1)
-        torch._fused_adam_(self.params, [p.grad for p in self.params], [s["exp_avg"] for s in self.state],
-                           [s["exp_avg_sq"] for s in self.state], [], steps, amsgrad=False, lr=group["lr"],
-                           beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
-                           maximize=False, grad_scale=None, found_inf=None)
+        exp_avgs, exp_avg_sqs, steps = self._slot_lists
+        self._counts.add_(1)
+        torch._fused_adam_(self.params, [p.grad for p in self.params], exp_avgs, exp_avg_sqs, [], steps,
+                           amsgrad=False, lr=group["lr"], beta1=beta1, beta2=beta2,
+                           weight_decay=group["weight_decay"], eps=group["eps"], maximize=False, grad_scale=None,
+                           found_inf=None)
+
+    def _start_state(self, slots: list[dict[str, torch.Tensor]]) -> None:
+        """Take `slots` (every parameter's, each with all of SLOTS) as the state: step counts packed into one tensor
+        of which each parameter's "step" is a view, and the lists `torch._fused_adam_` takes, built once."""
+        self._counts = torch.stack([s["step"] for s in slots])
+        for i, (own, given) in enumerate(zip(self.state, slots)):
+            own.clear()
+            own.update(step=self._counts[i], exp_avg=given["exp_avg"], exp_avg_sq=given["exp_avg_sq"])
+        self._slot_lists = ([s["exp_avg"] for s in self.state], [s["exp_avg_sq"] for s in self.state],
+                            [s["step"] for s in self.state])
 
     def state_dict(self) -> dict[str, Any]:
         """`{"state": {index: {slot: tensor}}}` as `torch.optim.Adam.state_dict()` holds it (no entry before the
@@ -57,18 +71,27 @@ class FusedAdam:
         return {"state": {i: dict(slots) for i, slots in enumerate(self.state) if slots}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore what `state_dict` gave (copies); parameters it has no entry for start fresh."""
+        """Restore what `state_dict` gave (copies): every parameter's three slots, or none (a fresh start)."""
         loaded = state_dict["state"]
         if loaded and set(loaded) != set(range(len(self.params))):
             raise ValueError(f"optimizer state for parameters {sorted(loaded)}, this optimizer has "
                              f"{len(self.params)}")
-        for i, (p, slots) in enumerate(zip(self.params, self.state)):
-            slots.clear()
-            for name, value in loaded.get(i, {}).items():
+        slots: list[dict[str, torch.Tensor]] = []
+        for i, p in enumerate(self.params):
+            given = loaded.get(i, {})
+            for name, value in given.items():
                 if name not in SLOTS:
                     raise ValueError(f"unknown Adam state {name!r} for parameter {i}")
                 shape = torch.Size(()) if name == "step" else p.shape
                 if value.shape != shape:
                     raise ValueError(f"Adam state {name!r} of parameter {i} has shape {tuple(value.shape)}, "
                                      f"expected {tuple(shape)}")
-                slots[name] = value.detach().to(dtype=torch.float32 if name == "step" else p.dtype).clone()
+            if loaded and set(given) != set(SLOTS):
+                raise ValueError(f"Adam state of parameter {i} has {sorted(given)}, expected all of {list(SLOTS)}")
+            slots.append({name: value.detach().to(dtype=torch.float32 if name == "step" else p.dtype).clone()
+                          for name, value in given.items()})
+        for own in self.state:
+            own.clear()
+        self._counts, self._slot_lists = None, ()
+        if loaded:
+            self._start_state(slots)

@@ -57,6 +57,9 @@ def test_no_state_before_the_first_step_and_bad_state_is_refused() -> None:
         load_optimizer_arrays(optimizer, {f"optim.{i}.exp_avg": torch.zeros(7).numpy() for i in range(2)})
     with pytest.raises(ValueError, match="parameters"):
         load_optimizer_arrays(optimizer, {"optim.0.exp_avg": torch.zeros(2, 3).numpy()})
+    with pytest.raises(ValueError, match="expected all of"):  # a slot missing: no step count to continue from
+        load_optimizer_arrays(optimizer, {f"optim.{i}.exp_avg": p.detach().numpy()
+                                          for i, p in enumerate(layer.parameters())})
     with pytest.raises(ValueError, match="no parameters"):
         FusedAdam([], lr=1e-3)
     with pytest.raises(TypeError, match="float32 CPU"):
