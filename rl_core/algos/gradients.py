@@ -5,6 +5,7 @@ across ranks is one collective and the optimizer reads the averaged values witho
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -24,5 +25,13 @@ def clip_grad_norm_(flat: torch.Tensor, max_norm: float, norm: torch.Tensor | No
     """`nn.utils.clip_grad_norm_` on the flat gradient: scale it to norm `max_norm` when it is longer; returns the
     norm before clipping. `norm`: `flat`'s norm when the caller has already taken it (`NonFiniteGuard.admit`)."""
     norm = torch.linalg.vector_norm(flat) if norm is None else norm
-    flat.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    flat.mul_(clip_scale(float(norm), max_norm))
     return norm
+
+
+def clip_scale(norm: float, max_norm: float) -> float:
+    """min(max_norm / (norm + 1e-6), 1) with torch's float32 bits for a float32 `norm` (torch computes it on the 0-d
+    norm tensor: the sum in float32, `Tensor.__rdiv__`'s reciprocal times `max_norm`, the clamp), on numpy scalars:
+    those four torch ops took ~9 us of each minibatch step, these ~2."""
+    scaled = np.float32(max_norm) * (np.float32(1.0) / (np.float32(norm) + np.float32(1e-6)))
+    return float(min(scaled, np.float32(1.0)))
