@@ -10,6 +10,7 @@ the global minibatch mean, so K ranks compute what one process would (up to floa
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -125,18 +126,25 @@ def ppo_loss(
 
 
 def minibatch_gradient(
-    model: ActorCritic, batch: RolloutBatch, idx: torch.Tensor | slice, adv: torch.Tensor, cfg: PPOConfig
+    model: ActorCritic, batch: RolloutBatch, idx: torch.Tensor | slice, adv: torch.Tensor, cfg: PPOConfig,
+    resolved: dict[int, Callable[..., tuple[torch.Tensor, torch.Tensor]]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(stats [loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction], gradient of the loss w.r.t.
     `model.ordered_parameters`, flattened in that order) on samples `idx` with (normalized) advantages `adv`.
 
     A model with the `ppo_grad` op's shape (two hidden layers per MLP) goes through the tuned op, whose reference is
-    the autograd path below op for op; any other model takes that path directly.
+    the autograd path below op for op; any other model takes that path directly. `resolved`: the op's implementation
+    by minibatch size, kept by the caller across an update's minibatches so it is looked up once per size.
     """
     if model.fused_gradient_shape:
-        return _ppo_grad(batch.obs[idx], batch.actions[idx], batch.logprobs[idx], adv, batch.values[idx],
-                         batch.returns[idx], *model.ordered_parameters, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef,
-                         cfg.clip_vloss)
+        args = (batch.obs[idx], batch.actions[idx], batch.logprobs[idx], adv, batch.values[idx], batch.returns[idx],
+                *model.ordered_parameters, cfg.clip_coef, cfg.vf_coef, cfg.ent_coef, cfg.clip_vloss)
+        if resolved is None:
+            return _ppo_grad(*args)
+        op = resolved.get(len(adv))
+        if op is None:
+            op = resolved[len(adv)] = _ppo_grad.resolve(*args)
+        return op(*args)
     loss, stats = ppo_loss(model, batch, idx, adv, cfg)
     grads = torch.autograd.grad(loss, model.ordered_parameters)
     return torch.stack([loss.detach(), *stats.values()]), torch.cat([g.reshape(-1) for g in grads])
@@ -166,6 +174,7 @@ def ppo_update(
     grad = flat_grad_views(model.ordered_parameters)
     step = optimizer.step if isinstance(optimizer, FusedAdam) else AdamStep(optimizer)
     guard = NonFiniteGuard("PPO", cfg.nonfinite_limit, hooks.rank)
+    resolved: dict[int, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}  # see minibatch_gradient
     size, rank, world = len(batch), hooks.rank, hooks.world_size
     starts = range(0, size, cfg.minibatch_size)
     for epoch in range(len(done), cfg.update_epochs):
@@ -186,7 +195,7 @@ def ppo_update(
                 adv = adv * shuffled.advantage_weights[part]
             local = slice(offset, offset + len(share))
             offset = local.stop
-            stats, minibatch_grad = minibatch_gradient(model, mine, local, adv[rank::world], cfg)
+            stats, minibatch_grad = minibatch_gradient(model, mine, local, adv[rank::world], cfg, resolved)
             grad.copy_(minibatch_grad)
             poison_if_not_finite(stats[0], grad)
             hooks.all_reduce_mean(grad)

@@ -45,10 +45,11 @@ def collect_rollout(
     with torch.no_grad():
         std = model.log_std.exp()
         std_per_dim = std.numpy()
+        mean_and_value = model.mean_and_value_fn(torch.empty(n, env.obs_dim))
         for t in range(steps):
             raw_obs[t] = obs
             x = norm.normalize(obs)
-            mean_out, value = model.mean_and_value(torch.from_numpy(x))
+            mean_out, value = mean_and_value(torch.from_numpy(x))
             mean = mean_out.numpy()
             # numpy, not torch, between the policy's forward pass and the env step: the same float32 multiply and
             # add (so the same bits), but a numpy op on a small array keeps the GIL where each torch op releases it

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -58,6 +59,14 @@ class ActorCritic(nn.Module):
         if not self.fused_gradient_shape:
             return self.actor(obs), self.value(obs)
         return _POLICY_FORWARD(obs, *self._forward_params)
+
+    def mean_and_value_fn(self, example: torch.Tensor) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """`mean_and_value` for many calls shaped like `example` (a rollout's steps): the tuned kernel is looked up
+        once (`kernels.Dispatcher.resolve`), not at every call."""
+        if not self.fused_gradient_shape:
+            return self.mean_and_value
+        forward, params = _POLICY_FORWARD.resolve(example, *self._forward_params), self._forward_params
+        return lambda obs: forward(obs, *params)
 
     def distribution(self, obs: torch.Tensor) -> torch.distributions.Normal:
         """Diagonal Gaussian over actions."""

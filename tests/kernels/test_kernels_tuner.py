@@ -137,8 +137,10 @@ def test_dispatch_uses_the_winner_per_bucket_and_picks_up_new_tunings(make_op) -
     gae = kernels.dispatch(op.name)  # created before anything is tuned, like a long-running trainer
     inputs = make_inputs(SHAPE, 0)
     assert gae.choose(*inputs) == "reference"
+    assert gae.resolve(*inputs) is op.reference
     assert kernels.autotune(op.name, [SHAPE], **FAST).buckets[0].winner == "fast"
     assert gae.choose(*inputs) == "fast"
+    assert gae.resolve(*inputs) is op.candidates["fast"]
     rewards, values, dones, next_value, gamma, lam = make_inputs({"T": 13, "N": 3}, 1)  # same bucket
     assert gae.choose(rewards, values, dones, next_value, gamma=gamma, lam=lam) == "fast"
     for want, got in zip(gae_reference(*inputs), gae(*inputs)):
