@@ -52,19 +52,13 @@ class ActorCritic(nn.Module):
         """(B,) state values."""
         return self.critic(obs).squeeze(-1)
 
-    def mean_and_value(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, A) action means and (B,) values in one call: what a rollout needs every step. Goes through the
-        tuned `policy_mlp_forward` kernel when both MLPs have its shape (two hidden layers), which saves most
-        of the per-layer dispatch cost at rollout batch sizes; layer by layer otherwise."""
-        if not self.fused_gradient_shape:
-            return self.actor(obs), self.value(obs)
-        return _POLICY_FORWARD(obs, *self._forward_params)
-
     def mean_and_value_fn(self, example: torch.Tensor) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        """`mean_and_value` for many calls shaped like `example` (a rollout's steps): the tuned kernel is looked up
-        once (`kernels.Dispatcher.resolve`), not at every call."""
+        """A function of obs giving (B, A) action means and (B,) values in one call, for calls shaped like
+        `example` (a rollout's steps): the tuned `policy_mlp_forward` kernel when both MLPs have its shape (two hidden
+        layers), which saves most of the per-layer dispatch cost at rollout batch sizes, looked up once
+        (`kernels.Dispatcher.resolve`), not at every call; layer by layer otherwise."""
         if not self.fused_gradient_shape:
-            return self.mean_and_value
+            return lambda obs: (self.actor(obs), self.value(obs))
         forward, params = _POLICY_FORWARD.resolve(example, *self._forward_params), self._forward_params
         return lambda obs: forward(obs, *params)
 
