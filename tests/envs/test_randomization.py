@@ -1,6 +1,7 @@
 """Per-env randomization of mass, friction and damping: off by default, per env, reproducible, restorable."""
 from __future__ import annotations
 
+import mujoco
 import numpy as np
 import pytest
 
@@ -64,6 +65,31 @@ def test_state_round_trip_stays_bit_exact(name: str) -> None:
     for t, (a, b) in enumerate(zip(straight, [restored.step(a) for a in actions[60:]])):
         for field in ("obs", "reward", "terminated", "truncated", "final_obs"):
             assert np.array_equal(getattr(a, field), getattr(b, field)), f"{name} step {t}: {field}"
+
+
+@pytest.mark.parametrize("randomization", [None, DynamicsRandomization.symmetric(0.3)])
+def test_episodes_start_from_the_state_reset_data_leaves(randomization: DynamicsRandomization | None) -> None:
+    """An episode starts from the stored rows the env writes, not a `Batch.reset` call: each new episode's whole
+    integration state (warm start, time, controls, applied forces included) must be what `mj_resetData` with that
+    env's own model leaves, plus the task's reset noise, whatever the episode before left behind."""
+    task = get_task("Hopper-v5")
+    env = BatchedMujocoEnv(task, 3, seed=4, randomization=randomization)
+    spec = mujoco.mjtState.mjSTATE_INTEGRATION
+    actions = np.random.default_rng(2).uniform(-1, 1, size=(150, 3, env.action_dim))
+    resets = 0
+    for a in actions:
+        result = env.step(a)
+        for i in np.flatnonzero(result.terminated | result.truncated):
+            model = env._batch.get_model(int(i))
+            data = mujoco.MjData(model)
+            mujoco.mj_resetData(model, data)
+            rng = np.random.default_rng([4, int(i), int(env.episode_index[i])])
+            data.qpos[:], data.qvel[:] = task.reset(model.qpos0.copy(), np.zeros(model.nv), rng)
+            expected = np.empty(mujoco.mj_stateSize(model, spec))
+            mujoco.mj_getState(model, data, expected, spec)
+            assert np.array_equal(env._batch.state[i], expected), f"env {i} episode {env.episode_index[i]}"
+            resets += 1
+    assert resets >= 3, "random actions should end several Hopper episodes"
 
 
 def test_invalid_ranges_are_refused() -> None:
