@@ -15,10 +15,11 @@ substep, so they cannot be recomputed from the physics state and are captured wi
 
 Contact forces (`cfrc_ext`, with `cacc`, `cfrc_int`) come from `mj_rnePostConstraint`, which gymnasium
 calls after every step but `mujoco.batch` never runs. A force sensor would not do: under RK4 sensors see the
-substep's first stage, gymnasium's call its last. So for tasks that read them the env runs it after each step
-on every simulation's own MjData, natively on the batch's threads (`post_constraint.NativePostConstraint`,
-through the C API's `mjb_apply`). Where that cannot be built (no C compiler) it warns once and falls back to
-copying each env's MjData out and running it from Python: the same numbers, but a per-env loop.
+substep's first stage, gymnasium's call its last. So each env step is one native pass over the batch's threads
+(`native_step.NativeStep`, through the C API's `mjb_apply`): each simulation's substeps, then, for tasks that read
+contact forces, mj_rnePostConstraint on its own MjData, then the fields the task reads copied out. Where that
+cannot be built (no C compiler) it warns once and falls back to `Batch.step`, its outputs, and a per-env loop that
+copies each env's MjData out and runs mj_rnePostConstraint from Python: the same numbers, but slower.
 
 Optional per-env dynamics randomization (`DynamicsRandomization`) gives each simulation its own masses,
 friction and damping through the batch's per-simulation model fields; it is a function of (seed, global env
@@ -32,7 +33,7 @@ import mujoco
 import mujoco.batch
 import numpy as np
 
-from rl_core.envs.post_constraint import NativePostConstraint
+from rl_core.envs.native_step import NativeStep
 from rl_core.envs.randomization import DynamicsRandomization, randomize_batch
 from rl_core.envs.task import Task, load_model
 
@@ -99,19 +100,18 @@ class BatchedMujocoEnv:
         self._post_constraint = [name for name in task.derived_fields if name in POST_CONSTRAINT_FIELDS]
         self._scratch = mujoco.MjData(model)  # one env's MjData: field shapes, and the fallback's copy
         self.derived = {
-            name: np.zeros((num_envs, *getattr(self._scratch, name).shape)) for name in task.derived_fields
+            name: np.zeros((num_envs, *field.shape), field.dtype)
+            for name, field in ((name, getattr(self._scratch, name)) for name in task.derived_fields)
         }
-        self._native_post_constraint: NativePostConstraint | None = None
+        self._native_step = NativeStep.for_batch(
+            self._batch, task.frame_skip, post_constraint=bool(self._post_constraint), outputs=self.derived
+        )
         self._post_models: list[mujoco.MjModel] = []
-        if self._post_constraint:
-            self._native_post_constraint = NativePostConstraint.for_batch(
-                self._batch, {name: self.derived[name] for name in self._post_constraint}
+        if self._native_step is None and self._post_constraint:
+            # the fallback's mj_rnePostConstraint needs each env's own model once dynamics differ per env
+            self._post_models = (
+                [self._batch.get_model(i) for i in range(num_envs)] if self.randomization else [model] * num_envs
             )
-            if self._native_post_constraint is None:
-                # the fallback's mj_rnePostConstraint needs each env's own model once dynamics differ per env
-                self._post_models = (
-                    [self._batch.get_model(i) for i in range(num_envs)] if self.randomization else [model] * num_envs
-                )
         self._init_qpos = model.qpos0.copy()
         self._init_qvel = np.zeros(model.nv)
         self.episode_step = np.zeros(num_envs, dtype=np.int64)
@@ -140,8 +140,11 @@ class BatchedMujocoEnv:
         action = np.clip(actions, self.task.action_low, self.task.action_high)
         x_before = np.array(self.task.x_position(self), dtype=np.float64)  # a copy: the views move on
         self._ctrl[:] = action
-        self._batch.step(nstep=self.task.frame_skip)
-        self._read_derived_after_step()
+        if self._native_step is not None:
+            self._native_step()  # the substeps, contact forces and `derived`, in one pass
+        else:
+            self._batch.step(nstep=self.task.frame_skip)
+            self._read_derived_after_step()
         obs = self.observe()
         reward = self.task.reward(self, action, x_before, self.dt)
         terminated = self.task.terminated(self)
@@ -194,12 +197,11 @@ class BatchedMujocoEnv:
         self.episode_return[ids] = 0.0
 
     def _read_derived_after_step(self) -> None:
-        """Refresh `derived` from the batch's outputs, and run mj_rnePostConstraint where the task needs it."""
+        """Without the native step: refresh `derived` from the batch's outputs, and run mj_rnePostConstraint
+        per env where the task needs it."""
         for name, output in self._outputs.items():
             self.derived[name][:] = output
-        if self._native_post_constraint is not None:
-            self._native_post_constraint()
-        elif self._post_constraint:
+        if self._post_constraint:
             for i in range(self.num_envs):
                 self._batch.get_data(i, self._scratch)
                 mujoco.mj_rnePostConstraint(self._post_models[i], self._scratch)

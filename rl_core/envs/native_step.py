@@ -1,17 +1,21 @@
-"""`mj_rnePostConstraint` for every simulation of a persistent `mujoco.batch.Batch`, in native code.
+"""An env step of every simulation of a persistent `mujoco.batch.Batch` in one native pass.
 
-Contact forces (`cfrc_ext`, with `cacc`, `cfrc_int`) come from `mj_rnePostConstraint`, which `mujoco.batch`
-never runs. Its C API can: `mjb_apply` runs a C function on each simulation's own MjData on the batch's thread
-pool, but the Python API does not expose it. `post_constraint.c` is that C function plus a loop driver; it is
-compiled once with the system C compiler into `$GYMFLOW_CACHE_DIR/native` (default: the user cache dir),
-keyed by the source and MuJoCo version, and loaded with ctypes, so env workers need neither torch nor a build
-step. The same MuJoCo function runs on the same MjData as a per-env `get_data` copy would give it, so the
-results are bit-identical to that loop.
+`Batch.step` runs the substeps; a task's contact forces (`cfrc_ext`, with `cacc`, `cfrc_int`) need
+`mj_rnePostConstraint` after them, which `mujoco.batch` never runs; and the fields a task reads are copied out of
+every MjData. Done as separate calls, each is a pass over the batch's thread pool (a wake-up of its parked worker,
+and each MjData read again from another core's cache): an Ant step spent 81 us a 64-env step in the separate
+mj_rnePostConstraint pass, against 23 us for the same work with warm caches. Its C API can do all three in one:
+`mjb_apply` runs a C function on each simulation's own MjData on the batch's thread pool, loading and saving its
+state row as `mjb_step` does, but the Python API does not expose it. `native_step.c` is that function (the same
+`mj_step` calls, then `mj_rnePostConstraint` where asked, then the copies) plus a driver; it is compiled once with the
+system C compiler into `$GYMFLOW_CACHE_DIR/native` (default: the user cache dir), keyed by the source and MuJoCo
+version, and loaded with ctypes, so env workers need neither torch nor a build step. The same MuJoCo functions run
+on the same MjData as `Batch.step` and a per-env `get_data` copy would give them, so the results are bit-identical.
 
 The `mjBatch*` is not exposed to Python either: it is read from the pybind11 wrapper (the wrapper's first
 member) and used only after the batch itself confirms it (`mjb_nsim`, `mjb_persistent`, `mjb_state` match).
-Anything missing (no compiler, no source, another wrapper layout) returns None from `NativePostConstraint.for_batch`,
-with one warning, and the caller keeps its per-env loop.
+Anything missing (no compiler, no source, another wrapper layout) returns None from `NativeStep.for_batch`,
+with one warning, and the caller keeps `Batch.step` and a per-env loop for the contact forces.
 """
 from __future__ import annotations
 
@@ -31,33 +35,48 @@ import mujoco.batch
 import numpy as np
 import platformdirs
 
-SOURCE = Path(__file__).with_name("post_constraint.c")
-FIELDS = ("cacc", "cfrc_int", "cfrc_ext")  # the argument order of gymflow_post_constraint
+SOURCE = Path(__file__).with_name("native_step.c")
 _MUJOCO_DIR = Path(mujoco.__file__).parent
 # a pybind11 instance is PyObject_HEAD, then the pointer to the C++ object
 _PYBIND11_VALUE_OFFSET = object.__basicsize__
 
 
-class NativePostConstraint:
-    """Runs mj_rnePostConstraint on all of a batch's simulations and writes the requested fields' rows."""
+class _Copy(ctypes.Structure):
+    _fields_ = [("offset", ctypes.c_size_t), ("bytes", ctypes.c_size_t), ("out", ctypes.c_void_p)]
 
-    def __init__(self, library: ctypes.CDLL, batch: mujoco.batch.Batch, address: int,
-                 outputs: dict[str, np.ndarray]) -> None:
+
+class _Step(ctypes.Structure):
+    _fields_ = [("nstep", ctypes.c_int), ("post_constraint", ctypes.c_int), ("ncopy", ctypes.c_int),
+                ("copies", ctypes.POINTER(_Copy))]
+
+
+class NativeStep:
+    """Steps all of a batch's simulations `nstep` substeps, runs mj_rnePostConstraint if asked, and writes the
+    requested MjData fields' rows."""
+
+    def __init__(self, library: ctypes.CDLL, batch: mujoco.batch.Batch, address: int, step: _Step,
+                 copies: ctypes.Array, outputs: dict[str, np.ndarray]) -> None:
         self._batch = batch  # keeps the mjBatch alive while `address` is used
         self._outputs = outputs  # keeps the arrays alive while their addresses are used
-        self._run = library.gymflow_post_constraint
-        self._args = (address, *(outputs[name].ctypes.data if name in outputs else None for name in FIELDS))
+        self._copies = copies  # keeps the copy table alive while `step` points at it
+        self._step = step
+        self._run = library.gymflow_step
+        self._args = (address, ctypes.byref(step))
 
     @classmethod
-    def for_batch(cls, batch: mujoco.batch.Batch, outputs: dict[str, np.ndarray]) -> NativePostConstraint | None:
-        """A runner writing `outputs` (field -> (nsim, nbody, 6) float64, C-contiguous), or None (warned once)
-        when the native path is unavailable here."""
-        shape = (batch.nsim, batch.model.nbody, 6)
+    def for_batch(cls, batch: mujoco.batch.Batch, nstep: int, post_constraint: bool,
+                  outputs: dict[str, np.ndarray]) -> NativeStep | None:
+        """A stepper writing `outputs` (MjData field -> (nsim, *the field's shape) float64, C-contiguous) after
+        each step, or None (warned once) when the native path is unavailable here."""
+        scratch = mujoco.MjData(batch.model)
         for name, out in outputs.items():
-            if name not in FIELDS or out.shape != shape or out.dtype != np.float64 or not out.flags.c_contiguous \
+            field = getattr(scratch, name, None)
+            shape = None if field is None else (batch.nsim, *field.shape)
+            if shape is None or out.shape != shape or out.dtype != field.dtype or not out.flags.c_contiguous \
                     or not out.flags.writeable:
-                raise ValueError(f"post-constraint output {name!r}: expected one of {FIELDS} as a writable "
-                                 f"C-contiguous float64 array of shape {shape}, found {out.dtype} {out.shape}")
+                raise ValueError(f"step output {name!r}: expected an MjData field as a writable C-contiguous "
+                                 f"{getattr(field, 'dtype', 'float64')} array of shape {shape}, "
+                                 f"found {out.dtype} {out.shape}")
         library = _load_library(os.environ.get("CC"), os.environ.get("GYMFLOW_CACHE_DIR"))
         if library is None:
             return None
@@ -66,10 +85,17 @@ class NativePostConstraint:
             _warn_once("mujoco.batch.Batch's wrapper does not hold its mjBatch where expected "
                        f"(MuJoCo {mujoco.__version__})")
             return None
-        return cls(library, batch, address, outputs)
+        copies = (_Copy * max(len(outputs), 1))()
+        for copy, (name, out) in zip(copies, outputs.items()):
+            offset = library.gymflow_data_offset(name.encode())
+            if offset < 0:
+                raise ValueError(f"step output {name!r}: not an array field of this MuJoCo's mjData")
+            copy.offset, copy.bytes, copy.out = offset, out.nbytes // batch.nsim, out.ctypes.data
+        step = _Step(nstep, int(post_constraint), len(outputs), copies)
+        return cls(library, batch, address, step, copies, outputs)
 
     def __call__(self) -> None:
-        """Refresh the outputs from every simulation's MjData as the last call left it."""
+        """One env step of every simulation; the outputs then hold the fields as the step left them."""
         failed = self._run(*self._args)
         if failed:
             ids = np.flatnonzero(self._batch.status)
@@ -104,7 +130,7 @@ def _read_pointer(address: int, readable: int = 8) -> int | None:
 
 @functools.cache
 def _load_library(compiler: str | None, cache_dir: str | None) -> ctypes.CDLL | None:
-    """post_constraint.c built for this MuJoCo (from the cache when built before); None, warned, if impossible."""
+    """native_step.c built for this MuJoCo (from the cache when built before); None, warned, if impossible."""
     libmujoco = sorted(_MUJOCO_DIR.glob("libmujoco.so*"))
     compiler = compiler or shutil.which("cc") or shutil.which("gcc")
     if not SOURCE.is_file() or not libmujoco or not compiler:
@@ -114,7 +140,7 @@ def _load_library(compiler: str | None, cache_dir: str | None) -> ctypes.CDLL | 
     built_for = f"{mujoco.__version__}\0{_MUJOCO_DIR}\0{compiler}\0{platform.machine()}"
     key = hashlib.sha256(SOURCE.read_bytes() + built_for.encode()).hexdigest()[:16]
     root = Path(cache_dir) if cache_dir else Path(platformdirs.user_cache_dir("gymflow"))
-    target = root / "native" / f"post_constraint-{key}.so"
+    target = root / "native" / f"native_step-{key}.so"
     if not target.exists():
         try:
             _compile(compiler, libmujoco[0], target)
@@ -126,8 +152,10 @@ def _load_library(compiler: str | None, cache_dir: str | None) -> ctypes.CDLL | 
     except OSError as exc:  # e.g. a cache dir shared with a machine of another architecture
         _warn_once(f"loading {target} failed: {exc}")
         return None
-    library.gymflow_post_constraint.argtypes = [ctypes.c_void_p] * 4
-    library.gymflow_post_constraint.restype = ctypes.c_int
+    library.gymflow_step.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Step)]
+    library.gymflow_step.restype = ctypes.c_int
+    library.gymflow_data_offset.argtypes = [ctypes.c_char_p]
+    library.gymflow_data_offset.restype = ctypes.c_long
     library.gymflow_batch_matches.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     library.gymflow_batch_matches.restype = ctypes.c_int
     return library
@@ -136,7 +164,7 @@ def _load_library(compiler: str | None, cache_dir: str | None) -> ctypes.CDLL | 
 def _compile(compiler: str, libmujoco: Path, target: Path) -> None:
     """Build into a temporary name, then rename: workers starting together never load half a file."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".post_constraint.", suffix=".so")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".native_step.", suffix=".so")
     os.close(fd)
     command = [compiler, "-O2", "-shared", "-fPIC", f"-I{_MUJOCO_DIR / 'include'}", str(SOURCE), "-o", tmp,
                f"-L{libmujoco.parent}", f"-l:{libmujoco.name}", f"-Wl,-rpath,{libmujoco.parent}"]
@@ -151,6 +179,6 @@ def _compile(compiler: str, libmujoco: Path, target: Path) -> None:
 
 @functools.cache
 def _warn_once(problem: str) -> None:
-    warnings.warn(f"native mj_rnePostConstraint unavailable: {problem}; contact forces (Ant, Humanoid) fall back "
-                  "to a per-env Python loop: the same numbers, but Ant and Humanoid simulate slower",
+    warnings.warn(f"native env stepping unavailable: {problem}; envs step with Batch.step and contact forces "
+                  "(Ant, Humanoid) come from a per-env Python loop: the same numbers, but slower",
                   RuntimeWarning, stacklevel=4)
