@@ -3,8 +3,8 @@
 // mjb_apply hands each simulation's own mjData to a C function, loading its state row first and saving it
 // after (save = 1), as mjb_step does. This function makes the same nstep calls to mj_step, then, for tasks
 // that read contact forces, mj_rnePostConstraint (which mjb_step never runs), then copies the mjData fields
-// the task reads into row `sim` of the caller's arrays: all on the thread that stepped the simulation, while
-// its mjData is still in that core's cache. Built and loaded by native_step.py.
+// the task reads into row `sim` of the caller's arrays, all on the thread that stepped the simulation.
+// Built and loaded by native_step.py.
 #include <stddef.h>
 #include <string.h>
 
