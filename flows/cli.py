@@ -297,6 +297,14 @@ def console_main() -> None:
     code = main()
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)  # threads the interpreter would wait for (an executor's work): the ordinary way
+    if "ray" in sys.modules:  # a command that used Ray (importing it here would cost a command without it ~1 s)
+        from rl_core.runtime.local_ray import shutdown_local_ray
+
+        try:
+            shutdown_local_ray()  # Ray's own exit handler, faster (see there)
+        except Exception as err:  # noqa: BLE001 - as an exit handler's error: reported, and the exit goes on
+            print(f"warning: stopping Ray failed ({type(err).__name__}: {err}); Ray's exit handler tries again",
+                  file=sys.stderr)
     atexit._run_exitfuncs()  # what the interpreter would run next, in the same order
     sys.stdout.flush()
     sys.stderr.flush()

@@ -113,6 +113,27 @@ def _init_ray(num_cpus: int | None) -> None:
     _inherited_env = gymflow_env_vars()  # a local Ray's workers start with this process's environment
 
 
+def shutdown_local_ray() -> None:
+    """`ray.shutdown()` of a local Ray this process started, ~1.5 s sooner than Ray's own exit handler would.
+
+    Why: at exit, Ray's handler first sleeps 0.5 s so that workers' log lines reach the driver (this driver takes
+    none: `log_to_driver=False`), then stops its processes one after another with a second's grace each, and its
+    autoscaler monitor, stopped after the GCS it reports to, never exits within it: it is killed at the end of
+    its grace (1.0 s of a command's 2.2 s of exit here). It holds no state, so it is killed first here, as Ray
+    would a second later. A Ray joined through RAY_ADDRESS, or none, is left to Ray's handler; after this one, that
+    handler has nothing left to do.
+    """
+    if _inherited_env is None or not ray.is_initialized():  # not a local Ray of ours (`_init_ray` sets it)
+        return
+    from ray._private import ray_constants
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    for info in (getattr(node, "all_processes", None) or {}).get(ray_constants.PROCESS_TYPE_MONITOR, []):
+        info.process.kill()
+        info.process.wait(timeout=1)
+    ray.shutdown()
+
+
 def is_local_ray() -> bool:
     """Whether the Ray this process uses is one it starts on this machine (no cluster named in `RAY_ADDRESS`)."""
     return not os.environ.get("RAY_ADDRESS")

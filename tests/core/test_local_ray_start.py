@@ -60,3 +60,41 @@ def test_a_failed_background_start_is_raised_to_the_caller_that_waits() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "raised: the raylet did not start" in done.stdout
+
+
+def test_shutting_down_a_local_ray_leaves_none_of_its_processes() -> None:
+    """`shutdown_local_ray` (the command line's exit) kills the autoscaler monitor itself, then shuts Ray down: no
+    process of that Ray may be left, and the monitor must not be told to stop while the GCS lives (it then reports
+    "The autoscaler failed" to the driver)."""
+    done = _python(
+        "import os, time, ray\n"
+        "from ray._private import ray_constants\n"
+        "from rl_core.runtime.local_ray import ensure_ray, shutdown_local_ray\n"
+        "shutdown_local_ray()  # no Ray yet: nothing to do\n"
+        "ensure_ray(2)\n"
+        "node = ray._private.worker._global_node\n"
+        "procs = [i.process for infos in node.all_processes.values() for i in infos]\n"
+        "assert ray_constants.PROCESS_TYPE_MONITOR in node.all_processes, sorted(node.all_processes)\n"
+        "shutdown_local_ray()\n"
+        "assert not ray.is_initialized()\n"
+        "left = [p.pid for p in procs if p.poll() is None]\n"
+        "assert not left, f'still running: {left}'\n"
+        "print('stopped', len(procs))\n"
+    )
+    assert done.returncode == 0 and "stopped" in done.stdout, done.stderr[-3000:]
+    assert "autoscaler failed" not in done.stderr
+
+
+def test_a_joined_ray_is_left_to_rays_own_exit_handler() -> None:
+    """A Ray this process did not start (here: `ray.init` called directly, as for a cluster in RAY_ADDRESS) is
+    not shut down by `shutdown_local_ray`."""
+    done = _python(
+        "import ray\n"
+        "from rl_core.runtime.local_ray import shutdown_local_ray\n"
+        "ray.init(num_cpus=1, include_dashboard=False)\n"
+        "shutdown_local_ray()\n"
+        "assert ray.is_initialized()\n"
+        "ray.shutdown()\n"
+        "print('left alone')\n"
+    )
+    assert done.returncode == 0 and "left alone" in done.stdout, done.stderr[-3000:]
