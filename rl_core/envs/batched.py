@@ -99,10 +99,8 @@ class BatchedMujocoEnv:
         }
         self._post_constraint = [name for name in task.derived_fields if name in POST_CONSTRAINT_FIELDS]
         self._scratch = mujoco.MjData(model)  # one env's MjData: field shapes, and the fallback's copy
-        self.derived = {
-            name: np.zeros((num_envs, *field.shape), field.dtype)
-            for name, field in ((name, getattr(self._scratch, name)) for name in task.derived_fields)
-        }
+        fields = {name: getattr(self._scratch, name) for name in task.derived_fields}
+        self.derived = {name: np.zeros((num_envs, *field.shape), field.dtype) for name, field in fields.items()}
         self._native_step = NativeStep.for_batch(
             self._batch, task.frame_skip, post_constraint=bool(self._post_constraint), outputs=self.derived
         )
