@@ -1,11 +1,14 @@
 """Simulation throughput, latency and Ray pool start-up, all in one run so the ratios are comparable.
 
 For HalfCheetah, Ant and Humanoid (v5), env steps per second (1 env step = frame_skip physics steps) of:
-- the physical limit: one process per core, each stepping one MjData with `mujoco.rollout.rollout` (a whole
-  episode in C per call, random controls held for frame_skip substeps, no Python per step). Its episodes
-  start from the task's reset distribution and last as long as ours did on average under the same random
-  actions (at most 200 steps per call): a fallen Humanoid lying in contact steps slower than one that is
-  reset after ~20 steps, so the limit must see the same states to be a limit;
+- the physical limit: one process per core, each stepping one MjData with `mujoco.rollout.rollout` (C only, no
+  Python per step) through the env steps our 64-env batch took: after ours is timed, its batch goes on for
+  `LIMIT_STEPS` more batch steps, recording each env's state (full physics and warm start) and action before each
+  one, and the limit replays those `LIMIT_STEPS` x 64 env steps (each its frame_skip substeps under the action).
+  So it is the same physics on the same states: an earlier limit started its episodes from the reset distribution
+  and ran them for our mean episode length, and those states stepped ~5% cheaper than the ones Ant's batch visits
+  (125 against 131 us per env step on one core here), which no stepping code could reach. `<task>_envpool_vs_limit`
+  is EnvPool's share of the limit, so limit / EnvPool is the most any system can lead EnvPool by on that task;
 - ours: `BatchedMujocoEnv` with 64 and 256 envs on `nthread = cores`, observations, rewards, terminations and
   auto-resets included;
 - EnvPool (if installed) with the same envs and thread count; gymnasium `SyncVectorEnv` with the same envs;
@@ -53,6 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -76,6 +80,7 @@ from rl_core.runtime.local_ray import ensure_ray  # noqa: E402
 TASKS = {"halfcheetah": "HalfCheetah-v5", "ant": "Ant-v5", "humanoid": "Humanoid-v5"}
 ACTOR_MEMORY_GB = 0.25  # measured Pss of one started env-worker actor is ~0.21 GB (8 actors); keep a margin
 ACTION_BANK = 64  # distinct random action batches, cycled
+LIMIT_STEPS = 64  # batch steps recorded for the limit to replay (4,096 env steps at 64 envs)
 ENV_MEMORY_GB = 180 / 2**20  # GiB; measured ~179 KiB per HalfCheetah env, ~167 KiB of it MjData whatever the model
 RAY_MEMORY_GB = 1.0  # a local Ray's own processes (~0.8 GB measured)
 SCALE_SIZES = "100,1000,10000,100000"
@@ -99,50 +104,62 @@ def timed_rate(step: Callable[[np.ndarray], object], actions: np.ndarray, second
     return calls * actions.shape[1] / elapsed, calls + 10
 
 
-def reset_states(name: str, count: int) -> np.ndarray:
-    """(count, nstate) full physics states drawn from the task's reset distribution."""
-    task = get_task(name)
-    model = load_model(task)
-    data = mujoco.MjData(model)
+@dataclass(frozen=True)
+class VisitedSteps:
+    """Env steps a batch took, to replay: (steps * N) rollouts of frame_skip substeps each."""
+
+    full_physics: np.ndarray  # (steps * N, nstate) mjSTATE_FULLPHYSICS before each env step
+    warmstart: np.ndarray  # (steps * N, nv) qacc_warmstart before it (the solver starts from it)
+    controls: np.ndarray  # (steps * N, frame_skip, nu) the action, held for every substep
+
+
+def record_steps(env: BatchedMujocoEnv, actions: np.ndarray) -> VisitedSteps:
+    """Step `env` once per action batch, recording each env's state and action before the step."""
+    data = mujoco.MjData(env.model)
     spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
-    states = np.empty((count, mujoco.mj_stateSize(model, spec)))
-    for i in range(count):
-        mujoco.mj_resetData(model, data)
-        data.qpos[:], data.qvel[:] = task.reset(model.qpos0.copy(), np.zeros(model.nv), np.random.default_rng(i))
-        mujoco.mj_getState(model, data, states[i], spec)
-    return states
+    full, warm, controls = [], [], []
+    for a in actions:
+        state = env.get_state()
+        for i in range(env.num_envs):
+            data.time, data.qpos[:], data.qvel[:] = (state["physics.time"][i], state["physics.qpos"][i],
+                                                      state["physics.qvel"][i])
+            if "physics.act" in state:
+                data.act[:] = state["physics.act"][i]
+            row = np.empty(mujoco.mj_stateSize(env.model, spec))
+            mujoco.mj_getState(env.model, data, row, spec)
+            full.append(row)
+            warm.append(state["physics.qacc_warmstart"][i].copy())
+        clipped = np.clip(a, env.task.action_low, env.task.action_high)
+        controls.extend(np.repeat(clipped[:, None, :], env.task.frame_skip, axis=1))
+        env.step(a)
+    return VisitedSteps(np.array(full), np.array(warm), np.array(controls))
 
 
-def _limit_process(job: tuple[str, int, float]) -> float:
-    """One core's raw rate: one `mujoco.rollout` call per episode of `episode_steps` env steps."""
-    name, episode_steps, seconds = job
-    task = get_task(name)
-    model = load_model(task)
+def _limit_process(job: tuple[str, VisitedSteps, float]) -> float:
+    """One core's raw rate: all the recorded env steps per `mujoco.rollout` call, repeated for `seconds`."""
+    name, steps, seconds = job
+    model = load_model(get_task(name))
     data = mujoco.MjData(model)
-    starts = reset_states(name, ACTION_BANK)
-    controls = np.repeat(random_actions(name, episode_steps)[:, :, None, :], task.frame_skip, axis=2)
-    controls = controls.reshape(ACTION_BANK, 1, episode_steps * task.frame_skip, model.nu)
-    episodes, start = 0, time.perf_counter()
+    out = np.empty((len(steps.full_physics), steps.controls.shape[1],
+                    mujoco.mj_stateSize(model, mujoco.mjtState.mjSTATE_FULLPHYSICS)))
+    calls, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds:
-        i = episodes % ACTION_BANK
-        mujoco.rollout.rollout(model, data, starts[i:i + 1], controls[i])
-        episodes += 1
-    return episodes * episode_steps / elapsed
+        mujoco.rollout.rollout(model, data, steps.full_physics, steps.controls, initial_warmstart=steps.warmstart,
+                               state=out)
+        calls += 1
+    return calls * len(steps.full_physics) / elapsed
 
 
-def physical_limit(name: str, episode_steps: int, cores: int, seconds: float) -> float:
+def physical_limit(name: str, steps: VisitedSteps, cores: int, seconds: float) -> float:
     """Sum of the per-process raw rates of `cores` processes stepping at the same time."""
     with multiprocessing.get_context("fork").Pool(cores) as pool:
-        return float(sum(pool.map(_limit_process, [(name, episode_steps, seconds)] * cores)))
+        return float(sum(pool.map(_limit_process, [(name, steps, seconds)] * cores)))
 
 
-def ours(name: str, num_envs: int, cores: int, seconds: float) -> tuple[float, int]:
-    """(env steps per second, mean length of the episodes that ended, capped at 200 steps)."""
+def ours(name: str, num_envs: int, cores: int, seconds: float) -> tuple[float, BatchedMujocoEnv]:
+    """(env steps per second, the batch as the timed steps left it: the limit replays its next steps)."""
     env = BatchedMujocoEnv(get_task(name), num_envs, seed=0, nthread=cores)
-    rate, calls = timed_rate(env.step, random_actions(name, num_envs), seconds)
-    ended = int(env.episode_index.sum())
-    mean_length = (calls * num_envs - int(env.episode_step.sum())) / ended if ended else 200
-    return rate, int(np.clip(round(mean_length), 1, 200))
+    return timed_rate(env.step, random_actions(name, num_envs), seconds)[0], env
 
 
 def envpool_rate(name: str, num_envs: int, cores: int, seconds: float) -> float | None:
@@ -355,29 +372,29 @@ def main() -> None:
     for key, name in TASKS.items():
         rounds: list[dict[str, float]] = []
         for r in range(1 if args.quick else args.rounds):
-            figures, episode_steps = {}, 200
+            figures = {}
             for n in batch_sizes:
-                figures[f"ours_{n}"], length = ours(name, n, cores, seconds)
-                episode_steps = length if n == 64 else episode_steps
-            figures["limit"] = physical_limit(name, episode_steps, cores, seconds)
+                figures[f"ours_{n}"], env = ours(name, n, cores, seconds)
+                if n == 64:  # the limit replays this batch's next steps
+                    visited = record_steps(env, random_actions(name, n, seed=1)[:LIMIT_STEPS])
+            figures["limit"] = physical_limit(name, visited, cores, seconds)
             pool_rate = envpool_rate(name, 64, cores, seconds)
             if pool_rate is not None:
                 figures["envpool_64"] = pool_rate
             figures["gym_sync_64"] = gym_rate(name, 64, seconds, asynchronous=False)
             figures[f"gym_async_{async_envs}"] = gym_rate(name, async_envs, seconds, asynchronous=True)
             rounds.append(figures)
-            print(f"{name:16s} round {r + 1}: " + "  ".join(f"{k} {v:7.0f}" for k, v in figures.items())
-                  + f"  (episodes of {episode_steps} steps in the limit)", flush=True)
+            print(f"{name:16s} round {r + 1}: " + "  ".join(f"{k} {v:7.0f}" for k, v in figures.items()), flush=True)
         figures = {k: max(f[k] for f in rounds) for k in rounds[0]}
         pool_rate = figures.get("envpool_64")
         print(f"{name:16s} best:    " + "  ".join(f"{k} {v:7.0f}" for k, v in figures.items()))
         best = figures["ours_64"]
         out[f"{key}_vs_limit"] = round(best / figures["limit"], 3)
         out[f"{key}_vs_envpool"] = round(best / pool_rate, 3) if pool_rate else "envpool not installed"
+        out[f"{key}_envpool_vs_limit"] = round(pool_rate / figures["limit"], 3) if pool_rate else None
         out[f"{key}_vs_gym_sync"] = round(best / figures["gym_sync_64"], 3)
         out[f"{key}_steps_per_s"] = {k: round(v) for k, v in figures.items()}
         out[f"{key}_steps_per_s_by_round"] = [{k: round(v) for k, v in f.items()} for f in rounds]
-        out[f"{key}_limit_episode_steps"] = episode_steps
     calls = 500 if args.quick else args.latency_calls
     lat = latency("HalfCheetah-v5", 64, cores, calls)
     print("HalfCheetah 64 envs, one batch step (ms): " + "  ".join(f"{k} {v:.3f}" for k, v in lat.items()))

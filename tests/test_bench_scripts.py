@@ -36,3 +36,34 @@ def test_simulate_scale_brings_a_pool_from_zero_to_a_first_step() -> None:
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["scale_100_s"] > 0 and out["scale_100_kb_per_env"] > 0 and out["scale_100_steps_per_s"] > 0
     assert out["scale_100k_s"].startswith("not measured")
+
+
+@pytest.mark.slow
+def test_simulate_limit_replays_the_env_steps_the_batch_took() -> None:
+    """The physical limit is the same physics on the same states: each env step it replays (state, warm start,
+    action) ends where the batch's own step ended, bit for bit; only envs the batch reset in between differ."""
+    script = """
+import json, sys
+sys.argv = ["simulate.py"]
+sys.path.insert(0, "bench")
+import mujoco, mujoco.rollout, numpy as np
+import simulate
+from rl_core.envs import BatchedMujocoEnv, get_task
+env = BatchedMujocoEnv(get_task("Ant-v5"), 16, seed=0, nthread=1)
+actions = simulate.random_actions("Ant-v5", 16)
+for a in actions[:20]:
+    env.step(a)
+episodes = int(env.episode_index.sum())
+steps = simulate.record_steps(env, actions[:8])
+states, _ = mujoco.rollout.rollout(env.model, mujoco.MjData(env.model), steps.full_physics, steps.controls,
+                                   initial_warmstart=steps.warmstart)
+equal = (states[:-16, -1] == steps.full_physics[16:]).all(axis=1)
+print(json.dumps({"equal": int(equal.sum()), "compared": int(equal.size),
+                  "resets": int(env.episode_index.sum()) - episodes}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=BENCH.parent, text=True, capture_output=True, check=False,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["compared"] == 7 * 16
+    assert out["equal"] >= out["compared"] - out["resets"] and out["equal"] > 0.8 * out["compared"], out
