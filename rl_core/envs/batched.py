@@ -180,15 +180,22 @@ class BatchedMujocoEnv:
         return rows if self.randomization else np.broadcast_to(rows[0].copy(), rows.shape)  # not the N rows
 
     def _reset_envs(self, ids: np.ndarray) -> None:
-        """Reset envs `ids` to the task's reset distribution for their current episode index."""
+        """Reset envs `ids` to the task's reset distribution for their current episode index.
+
+        The forward that computes the new state's MjData fields runs only for tasks that read some (`derived`):
+        the next step's `mj_step` recomputes every field from the state rows, and a forward writes none of them
+        (`qacc_warmstart` is saved by the integrator), so the steps are bit-identical without it. It saves a batch
+        call on every step where an episode ends: 1.1-1.2% of a 64-env Hopper and Walker2d step under random actions
+        (paired windows), whose episodes end ~3 times a step."""
         self._batch.state[ids] = self._reset_rows[ids]
         self._batch.warning[ids] = 0
         for i in ids:
             rng = np.random.default_rng([self.seed, self.env_offset + int(i), int(self.episode_index[i])])
             self.qpos[i], self.qvel[i] = self.task.reset(self._init_qpos, self._init_qvel, rng)
-        self._batch.forward(ids=ids)
-        for name, output in self._outputs.items():
-            self.derived[name][ids] = output[ids]
+        if self._outputs:  # see the docstring
+            self._batch.forward(ids=ids)
+            for name, output in self._outputs.items():
+                self.derived[name][ids] = output[ids]
         for name in self._post_constraint:
             self.derived[name][ids] = 0.0
         self.episode_step[ids] = 0
