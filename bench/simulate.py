@@ -93,15 +93,15 @@ def random_actions(name: str, num_envs: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).uniform(task.action_low, task.action_high, (ACTION_BANK, num_envs, nu))
 
 
-def timed_rate(step: Callable[[np.ndarray], object], actions: np.ndarray, seconds: float) -> tuple[float, int]:
-    """(env steps per second, calls made) of `step(actions[i])`, cycling the bank, after a warm-up of 10 calls."""
+def timed_rate(step: Callable[[np.ndarray], object], actions: np.ndarray, seconds: float) -> float:
+    """Env steps per second of `step(actions[i])`, cycling the bank, after a warm-up of 10 calls."""
     for a in actions[:10]:
         step(a)
     calls, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds:
         step(actions[calls % len(actions)])
         calls += 1
-    return calls * actions.shape[1] / elapsed, calls + 10
+    return calls * actions.shape[1] / elapsed
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def physical_limit(name: str, steps: VisitedSteps, cores: int, seconds: float) -
 def ours(name: str, num_envs: int, cores: int, seconds: float) -> tuple[float, BatchedMujocoEnv]:
     """(env steps per second, the batch as the timed steps left it: the limit replays its next steps)."""
     env = BatchedMujocoEnv(get_task(name), num_envs, seed=0, nthread=cores)
-    return timed_rate(env.step, random_actions(name, num_envs), seconds)[0], env
+    return timed_rate(env.step, random_actions(name, num_envs), seconds), env
 
 
 def envpool_rate(name: str, num_envs: int, cores: int, seconds: float) -> float | None:
@@ -169,7 +169,7 @@ def envpool_rate(name: str, num_envs: int, cores: int, seconds: float) -> float 
         return None
     env = envpool.make_gymnasium(name, num_envs=num_envs, batch_size=num_envs, num_threads=cores, seed=0)
     env.reset()
-    return timed_rate(env.step, random_actions(name, num_envs), seconds)[0]
+    return timed_rate(env.step, random_actions(name, num_envs), seconds)
 
 
 def gym_rate(name: str, num_envs: int, seconds: float, asynchronous: bool) -> float:
@@ -177,7 +177,7 @@ def gym_rate(name: str, num_envs: int, seconds: float, asynchronous: bool) -> fl
     env = vector([lambda: gymnasium.make(name)] * num_envs)
     env.reset(seed=0)
     try:
-        return timed_rate(env.step, random_actions(name, num_envs).astype(np.float32), seconds)[0]
+        return timed_rate(env.step, random_actions(name, num_envs).astype(np.float32), seconds)
     finally:
         env.close()
 
