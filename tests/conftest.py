@@ -5,11 +5,15 @@ user's ~/.prefect, tuned kernels or ./runs, and a cache hit can never leak in fr
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import tempfile
 
 _SESSION_DIR = tempfile.mkdtemp(prefix="gymflow-tests-")
+# Removed when the session's process exits, whichever tests ran (a run of tests that start no Ray used to leave it).
+atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
 os.environ["PREFECT_HOME"] = os.path.join(_SESSION_DIR, "prefect")
 os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = os.path.join(_SESSION_DIR, "prefect", "results")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
@@ -26,7 +30,6 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-import shutil  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
@@ -42,9 +45,8 @@ settings.load_profile("gymflow")
 
 @pytest.fixture(scope="session")
 def session_dir() -> Iterator[str]:
-    """The session's private temp dir, removed at the end."""
+    """The session's private temp dir (removed at exit)."""
     yield _SESSION_DIR
-    shutil.rmtree(_SESSION_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
