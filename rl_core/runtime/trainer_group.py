@@ -8,6 +8,8 @@ restore the newest checkpoint and continue from there.
 """
 from __future__ import annotations
 
+import glob
+import os
 import shutil
 import socket
 import tempfile
@@ -19,6 +21,32 @@ import ray
 from rl_core.agent_config import AnyRunConfig
 from rl_core.runtime.local_ray import actor_options, ensure_ray, is_local_ray, wait_until_names_free
 from rl_core.runtime.trainer import TrainerRank
+
+
+RENDEZVOUS_PREFIX = "gymflow-"
+"""A local group's FileStore folder is `<tmp>/gymflow-<run>-ranks-<pid of the process that made it>-<random>`."""
+
+
+def remove_orphaned_rendezvous_dirs() -> list[str]:
+    """Remove the FileStore folders whose process is gone (a killed or OOM-killed run cannot remove its own); the
+    folders removed. A folder of a live process, or of an unknown layout, is left alone."""
+    removed = []
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{RENDEZVOUS_PREFIX}*-ranks-*-*")):
+        pid = path.rsplit("-ranks-", 1)[1].split("-", 1)[0]
+        if pid.isdigit() and not _process_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 class TrainerGroupBroken(RuntimeError):
@@ -76,9 +104,12 @@ class TrainerGroup:
 
     def _rendezvous(self) -> str:
         """Where a new group's ranks meet. On a machine-local Ray, a FileStore: torch's TCPStore listens on every
-        interface whatever host it is given, and a file opens no port. On a cluster, TCP at `master_addr`."""
+        interface whatever host it is given, and a file opens no port (its folder, named after this process, is
+        removed with the group, or by a later group once this process is gone). On a cluster, TCP at `master_addr`."""
         if is_local_ray():
-            self._rendezvous_dir = tempfile.mkdtemp(prefix=f"gymflow-{self.cfg.run_name}-ranks-")
+            remove_orphaned_rendezvous_dirs()
+            prefix = f"{RENDEZVOUS_PREFIX}{self.cfg.run_name}-ranks-{os.getpid()}-"
+            self._rendezvous_dir = tempfile.mkdtemp(prefix=prefix)
             return f"file://{self._rendezvous_dir}/store"
         return f"tcp://{self.master_addr}:{_free_port(self.master_addr)}"
 
