@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -105,12 +106,41 @@ def _init_ray(num_cpus: int | None) -> None:
     if ray.is_initialized():
         return
     if not is_local_ray():
+        check_ray_address_answers(os.environ["RAY_ADDRESS"])
         ray.init(namespace="gymflow", log_to_driver=False)
         return
     use_local_ray_defaults()
     cpus = max(os.cpu_count() or 1, num_cpus or 0)
     ray.init(num_cpus=cpus, namespace="gymflow", include_dashboard=False, log_to_driver=False)
     _inherited_env = gymflow_env_vars()  # a local Ray's workers start with this process's environment
+
+
+RAY_ADDRESS_PROBE_TIMEOUT_S = 10.0
+"""How long a connection to a `RAY_ADDRESS` may take to be accepted (a refused one fails at once)."""
+
+
+def check_ray_address_answers(address: str) -> None:
+    """Raise RuntimeError, naming `address` (a `RAY_ADDRESS`), when nothing accepts a connection where `ray.init` would
+    dial it. Why: Ray itself keeps retrying for minutes, printing only its retry warnings (measured: still waiting
+    after 150 s for a port nothing listened on), so a stopped cluster or a mistyped address looks like a hung command.
+    Ray Client (`ray://...`) and "auto" addresses are left to Ray."""
+    from ray._private.services import canonicalize_bootstrap_address, is_localhost, parse_address
+
+    if "://" in address or address in ("auto", "local"):
+        return
+    target = canonicalize_bootstrap_address(address)  # a loopback host becomes the machine's address, as Ray dials
+    host, port = parse_address(target)
+    try:
+        socket.create_connection((host, int(port)), timeout=RAY_ADDRESS_PROBE_TIMEOUT_S).close()
+    except OSError as err:
+        given = parse_address(address)
+        hint = ""
+        if given and is_localhost(given[0]) and not is_localhost(host):
+            hint = (f"; Ray dials {host} for {given[0]} unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is set, which a Ray "
+                    "started on this machine with that setting (listening on 127.0.0.1 only) needs here too")
+        raise RuntimeError(f"RAY_ADDRESS={address}: nothing accepts connections at {target} ({err}){hint}; start that "
+                           "cluster, correct the address, or unset RAY_ADDRESS to run on a Ray of this command's own"
+                           ) from None
 
 
 def shutdown_local_ray() -> None:
