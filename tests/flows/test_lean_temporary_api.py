@@ -1,6 +1,7 @@
-"""A command's temporary Prefect API records nothing nobody can read (task runs, events, logs, heartbeats), a flow
-still runs on it to completion, and the command never imports Prefect's server (it runs in its own process); a
-configured API is left as it is. Each case runs in a fresh interpreter: the test session has its own API configured."""
+"""A command's temporary Prefect API records nothing nobody can read (task runs, events, logs, heartbeats) and is sent
+no events, a flow still runs on it to completion, and the command never imports Prefect's server (it runs in its own
+process); a configured API is left as it is. Each case runs in a fresh interpreter: the test session has its own API
+configured."""
 from __future__ import annotations
 
 import json
@@ -47,6 +48,9 @@ with api_for_the_run(api):
     environ = psutil.Process(server.pid).environ()
     listening = {c.laddr.ip for c in psutil.Process(server.pid).net_connections(kind="tcp") if c.status == "LISTEN"}
     server_imported = "prefect.server.api.server" in sys.modules
+    from prefect.events import emit_event
+    from prefect.events.worker import EventsWorker
+    event_emitted = emit_event("gymflow.test", {"prefect.resource.id": "gymflow.test"}) is not None
     import asyncio
     deadline = time.monotonic() + 8
     while True:  # the recorder works behind the API: wait for the task run (lean: for the same time, for none)
@@ -58,7 +62,9 @@ with api_for_the_run(api):
                       "recorder": environ.get("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED"),
                       "logs_to_api": get_current_settings().logging.to_api.enabled,
                       "heartbeat_s": get_current_settings().flows.heartbeat_frequency,
-                      "listening": sorted(listening), "server_imported": server_imported}))
+                      "listening": sorted(listening), "server_imported": server_imported,
+                      "event_emitted": event_emitted}))
+assert EventsWorker._client_override is None, "Prefect's events client was not restored after the run"
 if lean:
     api.stop()
     assert server.poll() is not None, "the temporary API outlived its stop()"
@@ -78,10 +84,12 @@ def _run(mode: str, tmp_path: Path) -> dict:
 def test_a_temporary_api_records_no_task_runs_and_still_runs_the_flow(tmp_path) -> None:
     plain = _run("plain", tmp_path)
     assert plain == {"result": 42, "flow_state": "COMPLETED", "task_runs": 1, "recorder": None, "logs_to_api": True,
-                     "heartbeat_s": 180, "listening": ["127.0.0.1"], "server_imported": True}
+                     "heartbeat_s": 180, "listening": ["127.0.0.1"], "server_imported": True,
+                     "event_emitted": True}
     lean = _run("lean", tmp_path)
     assert lean == {"result": 42, "flow_state": "COMPLETED", "task_runs": 0, "recorder": "False",
-                    "logs_to_api": False, "heartbeat_s": None, "listening": ["127.0.0.1"], "server_imported": False}
+                    "logs_to_api": False, "heartbeat_s": None, "listening": ["127.0.0.1"], "server_imported": False,
+                    "event_emitted": False}
 
 
 def test_a_configured_api_keeps_its_records() -> None:
