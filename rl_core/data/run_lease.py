@@ -26,7 +26,8 @@ class RunBusy(RuntimeError):
     """Another flow run holds the run's lease."""
 
 
-def _pid_runs(pid: int) -> bool:
+def pid_runs(pid: int) -> bool:
+    """Whether process `pid` of this machine runs (another user's counts; a zombie does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -65,7 +66,7 @@ class RunLease:
     def _gone(self, held: dict[str, Any]) -> bool:
         if not held or (self.holder["flow_run"] and held.get("flow_run") == self.holder["flow_run"]):
             return True
-        if held.get("host") == self.holder["host"] and isinstance(held.get("pid"), int) and not _pid_runs(held["pid"]):
+        if held.get("host") == self.holder["host"] and isinstance(held.get("pid"), int) and not pid_runs(held["pid"]):
             return True
         return time.time() - float(held.get("heartbeat", 0)) > STALE_S
 

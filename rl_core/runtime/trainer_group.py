@@ -19,6 +19,7 @@ import numpy as np
 import ray
 
 from rl_core.agent_config import AnyRunConfig
+from rl_core.data.run_lease import pid_runs
 from rl_core.runtime.local_ray import actor_options, ensure_ray, is_local_ray, wait_until_names_free
 from rl_core.runtime.trainer import TrainerRank
 
@@ -33,20 +34,10 @@ def remove_orphaned_rendezvous_dirs() -> list[str]:
     removed = []
     for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{RENDEZVOUS_PREFIX}*-ranks-*-*")):
         pid = path.rsplit("-ranks-", 1)[1].split("-", 1)[0]
-        if pid.isdigit() and not _process_exists(int(pid)):
+        if pid.isdigit() and not pid_runs(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
 
 
 class TrainerGroupBroken(RuntimeError):
