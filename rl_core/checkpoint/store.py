@@ -137,6 +137,9 @@ class CheckpointStore:
     ``rebase_ratio``: write a new base after a delta whose new bytes exceed this fraction of the base's size.
     ``embed_bytes``: objects up to this size go into the manifest, not storage (0: none; see manifest.py).
     ``workers``: threads that encode, upload and decode chunks (zstd, hashlib and numpy release the GIL).
+    ``sole_writer``: the caller guarantees no other writer commits to this URL while it lives (it holds the run's
+    lease): a claim left by a writer that died mid-commit is then withdrawn, not skipped, so each commit's number
+    is the newest committed version + 1 (see writer.py).
     Thread-safe; a process may hold several stores on one URL, but only one should commit to a run.
     """
 
@@ -150,6 +153,7 @@ class CheckpointStore:
         rebase_ratio: float = 0.7,
         workers: int | None = None,
         embed_bytes: int = DEFAULT_EMBED_BYTES,
+        sole_writer: bool = False,
     ) -> None:
         if not isinstance(full_every, int) or full_every < 1:
             raise ValueError(f"full_every must be an int >= 1 (1 = every version full), got {full_every!r}")
@@ -160,6 +164,7 @@ class CheckpointStore:
         if not isinstance(embed_bytes, int) or embed_bytes < 0:
             raise ValueError(f"embed_bytes must be an int >= 0 (0 = embed nothing), got {embed_bytes!r}")
         self._embed_bytes = embed_bytes
+        self._sole_writer = sole_writer
         self._url = redact(url)
         self._full_every = full_every
         self._chunk_bytes = chunk_bytes
@@ -343,6 +348,7 @@ class CheckpointStore:
             self._objects, self._reader, self._url, run_jobs=self._map, storage_call=self._storage_call,
             storage_error=self._storage_error, versions=self.versions, full_every=self._full_every,
             chunk_bytes=self._chunk_bytes, rebase_ratio=self._rebase_ratio, embed_bytes=self._embed_bytes,
+            sole_writer=self._sole_writer,
         )
 
     def _map(self, fn: Callable[..., Any], items: list[Any], nbytes: int) -> list[Any]:

@@ -20,7 +20,10 @@ Commit protocol (why each step is there):
    the commit fails with :class:`CheckpointError` (the next commit writes a new full base).
 5. Create the commit marker exclusively. Readers list markers only, so the version becomes visible in one step.
 
-A claim whose writer died before step 5 is invisible to readers; writers skip its number.
+A claim whose writer died before step 5 is invisible to readers; writers skip its number. A writer that is the
+store's only one (``sole_writer``: it holds the run's lease, say) instead withdraws such claims newer than the
+newest committed version: no live writer can own them, and skipping their numbers would break a caller that
+expects version v+1 to follow v (a run whose iteration i commits version i+1).
 """
 
 from __future__ import annotations
@@ -65,15 +68,16 @@ def _delta_bytes(manifest: Manifest) -> int:
 class VersionWriter:
     """The commits of one CheckpointStore (see the module docstring). ``run_jobs`` runs chunk jobs on the store's
     threads; ``storage_call(what, fn)`` runs a storage operation, turning a backend failure into a StorageError;
-    ``storage_error(what, exc)`` makes one; ``versions()`` lists the committed versions."""
+    ``storage_error(what, exc)`` makes one; ``versions()`` lists the committed versions; ``sole_writer``: see the
+    module docstring."""
 
     def __init__(
         self, objects: StoreObjects, reader: VersionReader, url: str, *, run_jobs: JobRunner,
         storage_call: Callable[[str, Callable[[], Any]], Any],
         storage_error: Callable[[str, BaseException], StorageError], versions: Callable[[], list[int]],
-        full_every: int, chunk_bytes: int, rebase_ratio: float, embed_bytes: int,
+        full_every: int, chunk_bytes: int, rebase_ratio: float, embed_bytes: int, sole_writer: bool = False,
     ) -> None:
-        self._objects, self._reader, self._url = objects, reader, url
+        self._objects, self._reader, self._url, self._sole_writer = objects, reader, url, sole_writer
         self._map, self._call, self._error, self._versions = run_jobs, storage_call, storage_error, versions
         self._full_every, self._chunk_bytes = full_every, chunk_bytes
         self._rebase_ratio, self._embed_bytes = rebase_ratio, embed_bytes
@@ -254,7 +258,15 @@ class VersionWriter:
 
     def _next_version(self) -> int:
         committed, claimed = self._objects.scan()
-        return max(committed | claimed, default=-1) + 1
+        if not self._sole_writer:
+            return max(committed | claimed, default=-1) + 1
+        following = max(committed, default=-1) + 1
+        for v in sorted(v for v in claimed if v >= following):
+            logger.warning("checkpoint store %s: withdrawing version %d's claim (a manifest without a commit marker, "
+                           "left by a writer that stopped mid-commit); this sole writer commits version %d next",
+                           self._url, v, following)
+            self._objects.remove(self._objects.manifest_path(v))
+        return following
 
     def _publish(self, manifest: Manifest, reused: set[int]) -> None:
         """Claim the version with the manifest, check what it reuses still exists, then make it visible with

@@ -20,9 +20,10 @@ from rl_core.data import RunLayout, read_tensors
 
 
 def writer_store(cfg: RunConfig) -> CheckpointStore:
-    """The run's checkpoint store, as one writer opens it. A writer that keeps it across its commits (see
-    `commit_iteration`) saves each commit listing, reading and decoding the base again."""
-    return CheckpointStore(RunLayout(cfg.run_url).checkpoints, full_every=cfg.storage.full_every)
+    """The run's checkpoint store, as its only writer opens it (the flow run holding the run's lease): a claim
+    that a killed run left mid-commit is withdrawn, so iteration i still commits version i + 1. A writer that keeps
+    it across its commits (see `commit_iteration`) saves each commit listing, reading and decoding the base again."""
+    return CheckpointStore(RunLayout(cfg.run_url).checkpoints, full_every=cfg.storage.full_every, sole_writer=True)
 
 
 def _summary(store: CheckpointStore, version: int) -> dict:

@@ -1,5 +1,6 @@
 """CheckpointStore's commit protocol under races and failures: one winner per version, no partial version or
-object after a failed write, a marker that landed counts, a crashed writer's claim is skipped."""
+object after a failed write, a marker that landed counts, a crashed writer's claim is skipped (or withdrawn by a
+sole writer)."""
 
 from __future__ import annotations
 
@@ -157,3 +158,21 @@ def test_a_claim_left_by_a_crashed_writer_is_skipped(url: str) -> None:
     assert store.versions() == [0]
     assert store.commit({"x": np.ones(4)}, {}) == 2
     assert CheckpointStore(url).versions() == [0, 2] and CheckpointStore(url).load().version == 2
+
+
+def test_a_sole_writer_withdraws_claims_left_mid_commit_and_keeps_numbers_consecutive(url: str, caplog) -> None:
+    """A run killed between claim and marker: its rerun (the run's only writer) commits the number it expects."""
+    fs, root = fs_root(url)
+    fs.makedirs(f"{root}/versions", exist_ok=True)
+    fs.pipe_file(f"{root}/versions/00000000.json", b'{"half a manif')  # killed before version 0 was committed
+    store = CheckpointStore(url, sole_writer=True)
+    with caplog.at_level(logging.WARNING, logger="rl_core.checkpoint"):
+        assert store.commit({"x": np.zeros(4)}, {}) == 0
+    assert "withdrawing version 0's claim" in caplog.text
+    for orphan in (1, 2):  # two commits killed mid-claim, by two earlier attempts
+        fs.pipe_file(f"{root}/versions/{orphan:08d}.json", b'{"half a manif')
+    assert CheckpointStore(url, sole_writer=True).commit({"x": np.ones(4)}, {"n": 1}) == 1
+    assert not fs.exists(f"{root}/versions/00000002.json")
+    reader = CheckpointStore(url)
+    assert reader.versions() == [0, 1] and reader.load().meta == {"n": 1}
+    assert reader.commit({"x": np.full(4, 2.0)}, {}) == 2

@@ -79,7 +79,8 @@ def test_simulate_failure_restores_envs_from_the_step_outputs(tmp_path, monkeypa
 
 
 def test_failed_flow_rerun_skips_completed_steps(tmp_path, monkeypatch, reference) -> None:
-    """A fault outlasting the task retries fails the run; rerunning the same run continues where it stopped."""
+    """A fault outlasting the task retries fails the run; rerunning the same run continues where it stopped, even
+    past a claim a killed commit left (the rerun withdraws it: iteration 1 still commits version 2)."""
     inject_faults(monkeypatch, tmp_path, "train.epoch_end:iteration=1,rank=0,epoch=1,count=3")
     store = f"file://{tmp_path}/runs"
     from flows.train_control import train_control
@@ -87,6 +88,9 @@ def test_failed_flow_rerun_skips_completed_steps(tmp_path, monkeypatch, referenc
     with pytest.raises(Exception, match="injected fault|trainer rank"):
         _run(store, "rerun")
     assert CheckpointStore(f"{tmp_path}/runs/rerun/checkpoints").versions() == [0, 1]
+    # and, as a run SIGKILLed mid-commit leaves, version 2's claim: a manifest without its commit marker
+    claims = tmp_path / "runs" / "rerun" / "checkpoints" / "versions"
+    (claims / "00000002.json").write_bytes((claims / "00000001.json").read_bytes())
     state = train_control(preset="tiny", store=store, run_name="rerun", seed=SEED, iterations=ITERATIONS,
                           return_state=True)
     assert state.result()["policy_sha256"] == reference["policy_sha256"]
