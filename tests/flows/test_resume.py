@@ -101,24 +101,30 @@ def test_failed_flow_rerun_skips_completed_steps(tmp_path, monkeypatch, referenc
 
 
 def test_sigkill_mid_iteration_then_resume(tmp_path, reference) -> None:
-    """SIGKILL the whole flow process group once version 1 is committed; the same command finishes the run."""
+    """SIGKILL the whole flow process group in iteration 2, once version 1 is committed; the same command finishes
+    the run. Iteration 2's simulate stalls so that the kill lands there: a tiny iteration takes ~50 ms, and a kill
+    timed by polling landed anywhere from mid-commit of version 2 (a claim, now a test of its own in
+    test_failed_flow_rerun_skips_completed_steps) to after the run's end."""
     store = f"file://{tmp_path}/runs"
     cmd = [sys.executable, "-m", "flows.cli", "train", "--preset", "tiny", "--run-name", "killed",
            "--seed", str(SEED), "--iterations", str(ITERATIONS), "--store", store]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GYMFLOW_FAULT_DIR": str(faults),
+           "GYMFLOW_FAULTS": "simulate.rollout_end:iteration=2,worker=0,action=stall"}
     versions = tmp_path / "runs" / "killed" / "checkpoints" / "versions"
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 180
-        while not (versions / "00000001.commit").exists():
+        while not ((versions / "00000001.commit").exists() and any(faults.iterdir())):
             assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "the run never committed version 1"
+            assert time.monotonic() < deadline, "the run never committed version 1 and stalled in iteration 2"
             time.sleep(0.05)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the flow, its Prefect API and its Ray: a machine that died
         proc.wait()
-        kill_local_ray_of(proc.pid)  # Ray workers that were starting can outlive the group
-    assert CheckpointStore(f"{tmp_path}/runs/killed/checkpoints").versions()[-1] < ITERATIONS
+        kill_local_ray_of(proc.pid)  # Ray workers (the stalled one among them) can outlive the group
+    assert CheckpointStore(f"{tmp_path}/runs/killed/checkpoints").versions() == [0, 1]
     launched = time.monotonic()
     done = subprocess.run(cmd, env=env, start_new_session=True, capture_output=True, text=True, timeout=600)
     process_s = time.monotonic() - launched
