@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     # shutdown message: the JSON stays the last line of output.
     atexit.register(lambda: last_line and print(last_line[0], flush=True))
     from rl_core.config import ConfigError
+    from rl_core.data.run_info import RunInfoError
+    from rl_core.data.run_lease import RunBusy
 
     commands = {"train": _train, "train-agent": _train_agent, "evaluate": _evaluate, "runs": _runs}
     try:
@@ -140,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as err:  # a failed run: one clear line (the task logs above hold the traceback)
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
-        if args.command in ("train", "train-agent"):
+        # a busy run or an unreadable run.json: rerunning as is cannot help, and the error says what can
+        if args.command in ("train", "train-agent") and not isinstance(err, (RunBusy, RunInfoError)):
             print("rerun the same command (same --run-name) to continue from the newest committed version",
                   file=sys.stderr)
         return 1

@@ -93,3 +93,17 @@ def test_the_console_script_is_installed() -> None:
 def test_a_flow_on_a_memory_store_is_refused_before_anything_starts(tmp_path, capsys) -> None:
     assert main(["train", "--preset", "tiny", "--store", "memory://runs"]) == 2
     assert "Ray actors" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_run_that_rerunning_cannot_fix_gets_no_rerun_hint(tmp_path) -> None:
+    """A truncated run.json: the error says what to do (restore it or start another run name), so the command does
+    not add its usual "rerun the same command" line; exit status 1 (the run failed)."""
+    open_run(build_config("tiny", run_name="cut", store=f"file://{tmp_path}"))
+    run_json = tmp_path / "cut" / "run.json"
+    run_json.write_bytes(run_json.read_bytes()[:40])
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--preset", "tiny", "--run-name", "cut",
+                           "--store", f"file://{tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "is not a readable run.json" in done.stderr
+    assert "rerun the same command" not in done.stderr
