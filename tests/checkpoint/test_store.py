@@ -272,3 +272,8 @@ def test_s3_round_trip_against_a_real_endpoint(s3_endpoint: str) -> None:
     with pytest.raises(VersionConflictError, match="version 3"):
         racer.commit(states[1], {})
     assert CheckpointStore("s3://ckpt-bucket/run", storage_options=options).load().version == 3
+
+    s3 = fsspec.filesystem("s3", **options)
+    s3.pipe_file("ckpt-bucket/run/versions/00000004.json", b'{"half a manif')  # a claim a killed commit left
+    sole = CheckpointStore("s3://ckpt-bucket/run", storage_options=options, sole_writer=True)
+    assert sole.commit(states[2], {}) == 4 and sole.load().version == 4
