@@ -29,6 +29,7 @@ expects version v+1 to follow v (a run whose iteration i commits version i+1).
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -265,7 +266,8 @@ class VersionWriter:
             logger.warning("checkpoint store %s: withdrawing version %d's claim (a manifest without a commit marker, "
                            "left by a writer that stopped mid-commit); this sole writer commits version %d next",
                            self._url, v, following)
-            self._objects.remove(self._objects.manifest_path(v))
+            with contextlib.suppress(FileNotFoundError):  # gc may remove a stale claim at the same time
+                self._objects.remove(self._objects.manifest_path(v))
         return following
 
     def _publish(self, manifest: Manifest, reused: set[int]) -> None:
