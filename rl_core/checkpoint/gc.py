@@ -1,6 +1,18 @@
 """Garbage collection of a checkpoint store: versions outside a retention policy, then unreferenced objects.
 
-Safe while a writer commits; ``store.py``'s docstring gives the order of work (a)-(e) and why it is safe.
+Safe while a writer commits. Order of work: (a) list chunk objects with their modification times; (b) list versions
+and choose those outside the policy, never one that a retained version references (its base); (c) delete each such
+version, marker first (it disappears atomically for readers), then manifest; (d) list every manifest again,
+committed *and* claimed (in-flight), and collect the objects they reference; (e) delete an object from (a) only if
+it is referenced by none of them AND its modification time, re-read just before deleting, is older than ``grace_s``
+(default 1 h). Claims (manifests without a marker) are deleted once older than ``claim_grace_s`` (1 h). Why this is
+safe: an object uploaded by an in-flight commit is either newer than listing (a) or younger than the grace period,
+until its manifest claim exists, after which (d) sees it. An object the writer reuses without uploading belongs to a
+version it checks in step 4 (writer.py) after its claim: if gc removed that version's marker before the check, the
+commit fails; if after, the claim already existed for listing (d). The remaining window is a writer re-uploading an
+*orphaned* object between gc's re-read of its mtime and the delete (milliseconds, and only for objects no committed
+version references); a claim left by a crashed writer is deleted once older than ``grace_s`` (a sole writer, see
+writer.py, withdraws it at its next commit).
 """
 from __future__ import annotations
 

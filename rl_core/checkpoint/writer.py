@@ -1,7 +1,7 @@
 """The writing side of a CheckpointStore: what the next commit encodes against, and the commit protocol.
 
-store.py's docstring says what a version is made of and how gc stays safe beside a writer; this module holds the
-writer's state and runs the commit. The state is a cache of what storage holds, kept so that a commit need not
+store.py's docstring says what a version is made of (gc.py's, how gc stays safe beside a writer); this module holds
+the writer's state and runs the commit. The state is a cache of what storage holds, kept so that a commit need not
 read it back: the base's tensors (what every delta is encoded against), the head (the version the next commit
 follows), what the last commit measured (probes of its chunks, the rows its sparse-row chunks changed since the
 base), and the objects known to be stored (those are not uploaded again). Whatever is missing is read back from
@@ -11,7 +11,7 @@ Commit protocol (why each step is there):
 
 1. Encode every chunk (nothing is written yet, so an encoding error leaves no trace).
 2. Upload every chunk object the writer does not know to be referenced by a committed version (an existing
-   object of that name is overwritten, not trusted: see GC in store.py). Each object appears whole or not at all
+   object of that name is overwritten, not trusted: see gc.py). Each object appears whole or not at all
    (object stores publish on upload completion; local files are written under a temp name and renamed).
 3. Claim the version by creating its manifest *exclusively*. A loser of a race learns it lost before it writes
    anything a reader could see and gets :class:`VersionConflictError`.
@@ -254,7 +254,7 @@ class VersionWriter:
 
     def _write_chunks(self, payloads: dict[str, bytes]) -> None:
         """Upload every object (always: an existing object of the same name may be an orphan that gc is
-        about to delete; uploading refreshes it, see store.py's docstring on gc)."""
+        about to delete; uploading refreshes it, see gc.py's docstring)."""
         self._objects.put_many([(self._objects.chunk_path(sha), data) for sha, data in payloads.items()], self._map)
 
     def _next_version(self) -> int:
