@@ -22,10 +22,10 @@ $(VENV)/.installed: $(PY) pyproject.toml
 install: $(VENV)/.installed
 
 train: install
-	$(PY) -m flows.cli train --preset quick $(ARGS)
+	$(PY) -m flows.tooling.cli train --preset quick $(ARGS)
 
 train-agent: install
-	$(PY) -m flows.cli train-agent --preset quick $(ARGS)
+	$(PY) -m flows.tooling.cli train-agent --preset quick $(ARGS)
 
 # browser-deps: Debian's chromium for tests/ui (the browser test of the Prefect UI; ~45 s to install).
 test: install browser-deps
@@ -76,16 +76,16 @@ bench: install
 clean:
 	rm -rf runs .pytest_cache
 
-# The Prefect UI with gymflow's deployments and a worker on http://127.0.0.1:$(UI_PORT) (flows/ui_stack.py; state,
+# The Prefect UI with gymflow's deployments and a worker on http://127.0.0.1:$(UI_PORT) (flows/tooling/ui_stack.py; state,
 # logs and Prefect's database under .gymflow-ui/); make ui-stop stops exactly the processes it started.
 UI_PORT ?= 4200
 .PHONY: ui ui-stop browser-deps test-ui
 
 ui: install
-	$(PY) -m flows.ui_stack start --port $(UI_PORT)
+	$(PY) -m flows.tooling.ui_stack start --port $(UI_PORT)
 
 ui-stop:
-	$(PY) -m flows.ui_stack stop
+	$(PY) -m flows.tooling.ui_stack stop
 
 # Debian's chromium for the browser test (Playwright drives it; Playwright's own browser download is not used).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

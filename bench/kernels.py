@@ -42,16 +42,16 @@ from gymflow_kernels.autotune import DEFAULT_MIN_RUN_TIME, tune_bucket  # noqa: 
 from gymflow_kernels.registry import REFERENCE  # noqa: E402
 from gymflow_kernels.timing import time_kernels  # noqa: E402
 from gymflow_kernels.verify import FRESH_SEED  # noqa: E402
-from rl_core.agent_presets import build_agent_config  # noqa: E402
-from rl_core.algos.advantages import score_experience  # noqa: E402
 from rl_core.algos.base import Spaces  # noqa: E402
 from rl_core.algos.hot_ops import hot_ops  # noqa: E402
-from rl_core.algos.ppo import RolloutBatch, ppo_update  # noqa: E402
-from rl_core.algos.ppo_learner import PPOLearner  # noqa: E402
-from rl_core.algos.rollout import collect_rollout  # noqa: E402
-from rl_core.config import PPOConfig  # noqa: E402
+from rl_core.algos.ppo.advantages import score_experience  # noqa: E402
+from rl_core.algos.ppo.collect import collect_rollout  # noqa: E402
+from rl_core.algos.ppo.learner import PPOLearner  # noqa: E402
+from rl_core.algos.ppo.update import RolloutBatch, ppo_update  # noqa: E402
+from rl_core.config.agent_presets import build_agent_config  # noqa: E402
+from rl_core.config.control import PPOConfig  # noqa: E402
+from rl_core.config.control_presets import build_config  # noqa: E402
 from rl_core.envs import make_batch  # noqa: E402
-from rl_core.run_presets import build_config  # noqa: E402
 from rl_core.seeding import action_noise  # noqa: E402
 
 TASK, WORKERS, ENVS, STEPS = "HalfCheetah-v5", 2, 32, 128

@@ -2,10 +2,10 @@
 
 Systems, per task and seed, run one after another (so they get the machine alike):
 
-- ``direct``: gymflow's PPO through ``rl_core`` in one process (``rl_core.algos.train_loop``);
+- ``direct``: gymflow's PPO through ``rl_core`` in one process (``rl_core.algos.ppo.in_process``);
 - ``direct_overlap``: the same with ``overlap`` (iteration i+1 collects on a thread while iteration i trains,
   one update stale);
-- ``flow``: the same configuration as ``direct`` through the Prefect flow (``python -m flows.cli train`` in a
+- ``flow``: the same configuration as ``direct`` through the Prefect flow (``python -m flows.tooling.cli train`` in a
   subprocess: Prefect, Ray env workers, a torch.distributed train shard, a delta checkpoint every iteration),
   with one trainer rank: it computes ``direct``'s weights bit for bit, so their wall times compare the same work
   (two ranks on two cores are slower here: per-step framework overhead does not shrink with the minibatch, and
@@ -60,15 +60,15 @@ import torch
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench.intervals import compare  # noqa: E402
-from rl_core.algos.train_loop import train_in_process  # noqa: E402
-from rl_core.config import RunConfig  # noqa: E402
+from rl_core.algos.ppo.in_process import train_in_process  # noqa: E402
+from rl_core.config.control import ControlRunConfig  # noqa: E402
+from rl_core.config.control_presets import build_config  # noqa: E402
 from rl_core.reporting.metric_sinks import read_metrics  # noqa: E402
-from rl_core.run_presets import build_config  # noqa: E402
 
 EVAL_EPISODES = 10
 
 
-def config(task: str, seed: int, budget: int, store: str, overlap: bool) -> RunConfig:
+def config(task: str, seed: int, budget: int, store: str, overlap: bool) -> ControlRunConfig:
     """The quick preset's shapes with as many iterations as the budget allows, one trainer rank."""
     batch = build_config("quick", run_name="probe", env=task).batch_size
     return build_config("quick", run_name=f"bench-{task}-s{seed}{'-overlap' * overlap}", env=task, seed=seed,
@@ -76,7 +76,7 @@ def config(task: str, seed: int, budget: int, store: str, overlap: bool) -> RunC
                         iterations=max(1, budget // batch), eval_episodes=EVAL_EPISODES, store=store)
 
 
-def run_direct(cfg: RunConfig) -> dict[str, Any]:
+def run_direct(cfg: ControlRunConfig) -> dict[str, Any]:
     result = train_in_process(cfg)
     return {"env_steps": result.env_steps, "train_s": result.train_s, "wall_s": result.wall_s,
             "loop_s": result.loop_s, "first_iteration_s": result.first_iteration_s,
@@ -90,8 +90,8 @@ def checkpoint_wait_fraction(run_url: str) -> float:
     return sum(r.get("checkpoint_s", 0.0) for r in records) / sum(r["iteration_s"] for r in records)
 
 
-def run_flow(cfg: RunConfig) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "flows.cli", "train", "--preset", "quick", "--env", cfg.env.name, "--seed",
+def run_flow(cfg: ControlRunConfig) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "flows.tooling.cli", "train", "--preset", "quick", "--env", cfg.env.name, "--seed",
            str(cfg.seed), "--iterations", str(cfg.iterations), "--eval-episodes", str(cfg.eval_episodes),
            "--run-name", cfg.run_name, "--store", cfg.storage.url, "--num-ranks", str(cfg.num_ranks)]
     if cfg.overlap:
@@ -113,7 +113,7 @@ SB3_SETUPS = [(vec, threads) for vec in ("DummyVecEnv", "SubprocVecEnv") for thr
 (SubprocVecEnv, as SB3 runs it), with one or two torch threads."""
 
 
-def run_sb3(cfg: RunConfig, setup: tuple[str, int] = ("DummyVecEnv", 1)) -> dict[str, Any]:
+def run_sb3(cfg: ControlRunConfig, setup: tuple[str, int] = ("DummyVecEnv", 1)) -> dict[str, Any]:
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy

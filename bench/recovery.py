@@ -101,7 +101,7 @@ class Bench:
 
     def command(self, flow: str, name: str, iterations: int, extra: list[str] = ()) -> list[str]:
         preset = ["--preset", "quick"] if flow == "train" else ["--preset", "tiny"]
-        return [sys.executable, "-m", "flows.cli", flow, *preset, "--iterations", str(iterations), "--seed",
+        return [sys.executable, "-m", "flows.tooling.cli", flow, *preset, "--iterations", str(iterations), "--seed",
                 str(self.args.seed), "--run-name", name, "--store", f"file://{self.store}", *extra]
 
     def run(self, cmd: list[str], env: dict | None = None, log: Path | None = None) -> tuple[int, str]:

@@ -1,6 +1,6 @@
 """Lost work on a crash: SIGKILL the main job at random points, resume it, measure what had to be redone.
 
-Each trial starts `python -m flows.cli train` in its own process group, kills the group (flow, Prefect
+Each trial starts `python -m flows.tooling.cli train` in its own process group, kills the group (flow, Prefect
 API, Ray) at a random moment after training started, then runs the same command again to finish the run.
 Work redone = time since the newest durable artifact (a committed version, a completed step's output, an epoch
 checkpoint; not the shards of a simulate that had not finished, which reruns in full) at the moment of the kill, in units of one checkpoint interval (the median time between two
@@ -33,7 +33,7 @@ from rl_core.runtime.local_ray import kill_local_ray_of
 
 
 def command(args: argparse.Namespace, store: Path, name: str) -> list[str]:
-    return [sys.executable, "-m", "flows.cli", "train", "--preset", args.preset, "--iterations",
+    return [sys.executable, "-m", "flows.tooling.cli", "train", "--preset", args.preset, "--iterations",
             str(args.iterations), "--seed", str(args.seed), "--run-name", name, "--store", f"file://{store}"]
 
 

@@ -32,11 +32,12 @@ import torch
 # `python -m`, so the benchmark imports what the command line imports (examples/ included).
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from rl_core.algos.grpo import token_logprobs  # noqa: E402
+from rl_core.algos.grpo.update import token_logprobs  # noqa: E402
 from rl_core.generation import GenerationRequest, SamplingParams  # noqa: E402
 from rl_core.generation.torch_generator import TorchGenerator  # noqa: E402
 from rl_core.generation.vllm_generator import VLLMGenerator, vllm_available  # noqa: E402
-from rl_core.policies.llama import LlamaLM, LlamaSpec  # noqa: E402
+from rl_core.policies.llama import LlamaLM  # noqa: E402
+from rl_core.policies.llama_spec import LlamaSpec  # noqa: E402
 
 PROMPT, COMPLETION = 32, 64
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=COMPLETION)
@@ -111,7 +112,7 @@ def agent_runs(iterations: int) -> dict:
     results = {}
     for staleness in (0, 1):
         with tempfile.TemporaryDirectory(prefix="gymflow-bench-agent-") as store:
-            cmd = [sys.executable, "-m", "flows.cli", "train-agent", "--preset", "quick", "--iterations",
+            cmd = [sys.executable, "-m", "flows.tooling.cli", "train-agent", "--preset", "quick", "--iterations",
                    str(iterations), "--max-staleness", str(staleness), "--store", f"file://{store}"]
             started = time.perf_counter()
             done = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],

@@ -38,8 +38,8 @@ import ray
 # says why), which leaves it as it is when bench/simulate.py imports this module.
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from rl_core.run_presets import build_config  # noqa: E402
-from rl_core.runtime.env_pool import EnvWorkerPool  # noqa: E402
+from rl_core.config.control_presets import build_config  # noqa: E402
+from rl_core.runtime.control.env_pool import EnvWorkerPool  # noqa: E402
 from rl_core.runtime.local_ray import ensure_ray  # noqa: E402
 
 ACTOR_MEMORY_GB = 0.25  # measured Pss of one started env-worker actor is ~0.21 GB (8 actors); keep a margin

@@ -61,10 +61,10 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench import scale  # noqa: E402
 from bench.scale import ACTOR_MEMORY_GB, SCALE_SIZES, available_gb  # noqa: E402
+from rl_core.config.control_presets import build_config  # noqa: E402
 from rl_core.envs import BatchedMujocoEnv, get_task  # noqa: E402
 from rl_core.envs.task import load_model  # noqa: E402
-from rl_core.run_presets import build_config  # noqa: E402
-from rl_core.runtime.env_pool import EnvWorkerPool  # noqa: E402
+from rl_core.runtime.control.env_pool import EnvWorkerPool  # noqa: E402
 from rl_core.runtime.local_ray import ensure_ray  # noqa: E402
 
 TASKS = {"halfcheetah": "HalfCheetah-v5", "ant": "Ant-v5", "humanoid": "Humanoid-v5"}

@@ -1,6 +1,6 @@
 """Evaluate a stored version of a run: N deterministic episodes, mean and std of the return, recorded.
 
-    python -m flows.cli evaluate --run-name HalfCheetah-v5-quick-s0 [--version 100] [--episodes 10] [--video]
+    python -m flows.tooling.cli evaluate --run-name HalfCheetah-v5-quick-s0 [--version 100] [--episodes 10] [--video]
 
 Runs in this process (no Ray): the version is restored from the run's checkpoint store, the policy's
 mean action is played in ``episodes`` envs seeded apart from training, and the result is written to
@@ -17,22 +17,22 @@ import fsspec
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 
-from rl_core.algos.episode_video import FORMATS
-from rl_core.algos.evaluation import evaluate_version
-from rl_core.config import ConfigError, RunConfig
+from rl_core.algos.ppo.evaluation import evaluate_version
+from rl_core.config.control import ConfigError, ControlRunConfig
 from rl_core.data.run_info import load_run_config
+from rl_core.reporting.episode_video import FORMATS
 from tasks.render_video import render_video
 
 RETRIES = 2
 
 
 @task(name="evaluate_version", retries=RETRIES)
-def evaluate_version_task(cfg: RunConfig, version: int | None, episodes: int) -> dict:
+def evaluate_version_task(cfg: ControlRunConfig, version: int | None, episodes: int) -> dict:
     """Deterministic-policy episodes of one version (None: the newest loadable)."""
     return evaluate_version(cfg, version, episodes)
 
 
-def record(cfg: RunConfig, result: dict) -> str:
+def record(cfg: ControlRunConfig, result: dict) -> str:
     """Write the result next to the run's checkpoints; returns its URL."""
     url = f"{cfg.run_url}/evaluations/v{result['version']:08d}-{result['episodes']}ep.json"
     fs, path = fsspec.core.url_to_fs(url)

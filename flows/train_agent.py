@@ -14,10 +14,10 @@
 
 With `max_staleness` S >= 1, rollout(i+1) starts when train_shard(i) does, sampling from v_i (one version stale),
 so the generator and the trainer ranks work at the same time; the update corrects for the lag (decoupled PPO with
-truncated importance weights, `rl_core/algos/grpo.py`).
+truncated importance weights, `rl_core/algos/grpo/update.py`).
 
 The steps after rollout are the control flow's own tasks: they reach GRPO through the algorithm seam. The flow's
-parameters are the agent run's launch options (`rl_core.launch_options.agent_launch_options`); `gymflow train-agent`
+parameters are the agent run's launch options (`rl_core.config.launch_options.agent_launch_options`); `gymflow train-agent`
 runs it from a terminal, `prefect deployment run 'train-agent/agent-train'` through a worker.
 """
 from __future__ import annotations
@@ -29,17 +29,17 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows import progress
-from flows.parameters import with_launch_options
-from flows.run_report import RunReport, numbers
-from flows.run_start import start_run
-from flows.store_credentials import CREDENTIALS_BLOCK
-from rl_core.agent_presets import build_agent_config
-from rl_core.algos.agent_phases import behaviour_version
+from flows.run import progress
+from flows.run.parameters import with_launch_options
+from flows.run.report import RunReport, numbers
+from flows.run.start import start_run
+from flows.run.store_credentials import CREDENTIALS_BLOCK
+from rl_core.algos.grpo.phases import behaviour_version
+from rl_core.config.agent_presets import build_agent_config
+from rl_core.config.launch_options import agent_launch_options
 from rl_core.data.storage_report import storage_report
 from rl_core.iteration_clock import IterationClock, StepWaits
-from rl_core.launch_options import agent_launch_options
-from rl_core.runtime.agent_actors import AgentActors
+from rl_core.runtime.agent.actors import AgentActors
 from tasks.caching import step_incarnation
 from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init, release_flow_run_writer
 from tasks.evaluate import evaluate

@@ -20,8 +20,8 @@ redoes iteration i's commit and iteration i+1's update (every finished step come
 Beside simulate(i+1), as before, its 31 ms of CPU and its hold on the flow's interpreter made a quick HalfCheetah
 iteration 0.41 s instead of 0.365-0.39 s.
 
-The flow's parameters are the run's launch options (`rl_core.launch_options`); `python -m flows.cli train`
-runs it from a terminal (flows/cli.py), `prefect deployment run 'train-control/train'` through a worker.
+The flow's parameters are the run's launch options (`rl_core.config.launch_options`); `python -m flows.tooling.cli train`
+runs it from a terminal (flows/tooling/cli.py), `prefect deployment run 'train-control/train'` through a worker.
 """
 from __future__ import annotations
 
@@ -34,15 +34,15 @@ from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows import progress
-from flows.parameters import with_launch_options
-from flows.run_report import RunReport, numbers
-from flows.run_start import start_run
-from flows.store_credentials import CREDENTIALS_BLOCK
+from flows.run import progress
+from flows.run.parameters import with_launch_options
+from flows.run.report import RunReport, numbers
+from flows.run.start import start_run
+from flows.run.store_credentials import CREDENTIALS_BLOCK
+from rl_core.config.control_presets import build_config
 from rl_core.data.storage_report import storage_report
 from rl_core.iteration_clock import IterationClock, StepWaits
-from rl_core.run_presets import build_config
-from rl_core.runtime.actors import RunActors
+from rl_core.runtime.control.actors import ControlActors
 from tasks.caching import step_incarnation
 from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init, release_flow_run_writer
 from tasks.evaluate import evaluate
@@ -85,7 +85,7 @@ def train_control(**options: Any) -> dict:
     cfg = build_config(**options)
     logger = get_run_logger()
     run, lease = start_run(cfg, credentials)
-    actors = RunActors(cfg)
+    actors = ControlActors(cfg)
     report: RunReport | None = None
     result = None
     try:

@@ -7,19 +7,19 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 
-from rl_core.agent_config import AnyRunConfig
 from rl_core.algos.base import algorithm_of
 from rl_core.checkpoint import CheckpointStore
+from rl_core.config.agent import AnyRunConfig
 from rl_core.data import read_tensors
-from rl_core.runtime.actors import RunActors
-from rl_core.runtime.agent_actors import AgentActors
+from rl_core.runtime.agent.actors import AgentActors
 from rl_core.runtime.commits import commit_initial, commit_iteration, remove_staged, writer_store
+from rl_core.runtime.control.actors import ControlActors
 from tasks.caching import STEP_OPTIONS, step_cache_key
 from tasks.sft_warm_start import sft_warm_start
 
 
 @task(name="checkpoint_init", cache_policy=NO_CACHE, **STEP_OPTIONS)
-def checkpoint_init(cfg: AnyRunConfig, actors: RunActors | AgentActors, incarnation: str) -> dict:
+def checkpoint_init(cfg: AnyRunConfig, actors: ControlActors | AgentActors, incarnation: str) -> dict:
     """Newest committed version of the run; for a new run, version 0 is committed first: the seeded learner, or
     for an algorithm that starts from a warm start (GRPO) the result of the `sft_warm_start` step (cached itself).
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from prefect import task
 
-from rl_core.agent_config import AnyRunConfig
-from rl_core.runtime.actors import RunActors
-from rl_core.runtime.agent_actors import AgentActors
+from rl_core.config.agent import AnyRunConfig
+from rl_core.runtime.agent.actors import AgentActors
+from rl_core.runtime.control.actors import ControlActors
 from tasks.caching import STEP_OPTIONS, step_cache_key
 
 
 @task(name="evaluate", cache_key_fn=step_cache_key, **STEP_OPTIONS)
-def evaluate(cfg: AnyRunConfig, actors: RunActors | AgentActors, incarnation: str, version: int) -> dict:
+def evaluate(cfg: AnyRunConfig, actors: ControlActors | AgentActors, incarnation: str, version: int) -> dict:
     """The evaluation of `version` the run's actors make, with the policy's sha256."""
     return actors.evaluate(version)

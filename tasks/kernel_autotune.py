@@ -16,15 +16,15 @@ from prefect.cache_policies import NO_CACHE
 
 import gymflow_kernels as kernels
 from rl_core.algos.hot_ops import hot_ops, tune_hot_ops
-from rl_core.config import RunConfig
+from rl_core.config.control import ControlRunConfig
+from rl_core.config.threads import ENV_WORKER_THREADS, TRAINER_THREADS
 from rl_core.data import RunLayout
-from rl_core.threads import ENV_WORKER_THREADS, TRAINER_THREADS
 from tasks.artifact_keys import artifact_key
 from tasks.caching import STEP_OPTIONS
 
 
 @task(name="kernel_autotune", cache_policy=NO_CACHE, **STEP_OPTIONS)
-def kernel_autotune(cfg: RunConfig) -> dict:
+def kernel_autotune(cfg: ControlRunConfig) -> dict:
     """Tune the run's hot ops for its shapes; returns winners and whether each was a cache hit. The report
     is also written into the run's folder, so the run records which implementations computed it."""
     reports = tune_hot_ops(hot_ops(cfg, cfg.num_ranks, TRAINER_THREADS, ENV_WORKER_THREADS))

@@ -9,8 +9,8 @@ import fsspec
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from rl_core.algos.episode_video import RenderUnavailable, render_version
-from rl_core.config import RunConfig
+from rl_core.config.control import ControlRunConfig
+from rl_core.reporting.episode_video import RenderUnavailable, render_version
 from tasks.artifact_keys import artifact_key
 
 RETRIES = 2
@@ -24,7 +24,7 @@ def _worth_retrying(task, task_run, state) -> bool:
 
 @task(name="render_video", retries=RETRIES, retry_delay_seconds=2, retry_condition_fn=_worth_retrying,
       result_serializer="json")
-def render_video(cfg: RunConfig, version: int | None, episodes: int = 1, fmt: str = "mp4",
+def render_video(cfg: ControlRunConfig, version: int | None, episodes: int = 1, fmt: str = "mp4",
                  max_steps: int = 1000) -> dict:
     """Render `episodes` episodes (at most `max_steps` steps each) of `version` (None: the newest loadable) to
     `<run>/videos/v<version>.<fmt>` and link it from the run's `video` artifact; returns `render_version`'s dict."""
@@ -37,7 +37,7 @@ def render_video(cfg: RunConfig, version: int | None, episodes: int = 1, fmt: st
     return result
 
 
-def render_final_version(cfg: RunConfig, version: int) -> dict | None:
+def render_final_version(cfg: ControlRunConfig, version: int) -> dict | None:
     """The end of a run that asked for a video (`eval_video`, the nightly deployment): rendered, or a warning
     saying what to install where this machine has no GL; the run's outcome never depends on it."""
     try:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
-from rl_core.agent_config import AgentRunConfig
-from rl_core.runtime.agent_actors import AgentActors
-from rl_core.runtime.rollouts import rollout_iteration
+from rl_core.config.agent import AgentRunConfig
+from rl_core.runtime.agent.actors import AgentActors
+from rl_core.runtime.agent.rollouts import rollout_iteration
 from tasks.caching import STEP_OPTIONS, step_cache_key
 
 

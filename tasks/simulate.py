@@ -5,13 +5,13 @@ import time
 
 from prefect import get_run_logger, task
 
-from rl_core.config import RunConfig
-from rl_core.runtime.actors import RunActors
+from rl_core.config.control import ControlRunConfig
+from rl_core.runtime.control.actors import ControlActors
 from tasks.caching import STEP_OPTIONS, step_cache_key
 
 
 @task(name="simulate", cache_key_fn=step_cache_key, **STEP_OPTIONS)
-def simulate(cfg: RunConfig, actors: RunActors, incarnation: str, iteration: int, version: int) -> dict:
+def simulate(cfg: ControlRunConfig, actors: ControlActors, incarnation: str, iteration: int, version: int) -> dict:
     """Experience shard URIs and rollout metrics of `iteration`, acting with checkpoint `version`."""
     start = time.perf_counter()
     pool = actors.env_pool

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
-from rl_core.config import RunConfig
+from rl_core.config.control import ControlRunConfig
 from rl_core.data import RunLayout
-from rl_core.runtime.actors import RunActors
+from rl_core.runtime.control.actors import ControlActors
 from tasks.caching import STEP_OPTIONS, step_cache_key
 
 
 @task(name="train_shard", cache_key_fn=step_cache_key, **STEP_OPTIONS)
-def train_shard(cfg: RunConfig, actors: RunActors, incarnation: str, iteration: int, version: int, rank: int,
+def train_shard(cfg: ControlRunConfig, actors: ControlActors, incarnation: str, iteration: int, version: int, rank: int,
                 scored: str) -> dict:
     """Train rank `rank` on `scored` from checkpoint `version`; rank 0 stages the new learner state."""
     metrics = actors.trainer_group.train(rank, iteration, version)

@@ -7,12 +7,12 @@ import sys
 import numpy as np
 import pytest
 
-from flows.cli import main
+from flows.tooling.cli import main
 from rl_core.checkpoint import CheckpointStore
+from rl_core.config.control_presets import build_config
 from rl_core.data import RunLayout
 from rl_core.data.run_info import open_run
 from rl_core.reporting import RunMetricsSink
-from rl_core.run_presets import build_config
 
 
 @pytest.mark.parametrize("command", [[], ["train"], ["train-agent"], ["evaluate"], ["runs"], ["ckpt"], ["ui"],
@@ -87,7 +87,7 @@ def test_the_console_script_is_installed() -> None:
     code = ("import importlib.metadata as m; "
             "print([e.value for e in m.entry_points(group='console_scripts') if e.name == 'gymflow'])")
     script = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "flows.cli:console_main" in script.stdout
+    assert "flows.tooling.cli:console_main" in script.stdout
 
 
 def test_a_flow_on_a_memory_store_is_refused_before_anything_starts(tmp_path, capsys) -> None:
@@ -102,7 +102,7 @@ def test_a_run_that_rerunning_cannot_fix_gets_no_rerun_hint(tmp_path) -> None:
     open_run(build_config("tiny", run_name="cut", store=f"file://{tmp_path}"))
     run_json = tmp_path / "cut" / "run.json"
     run_json.write_bytes(run_json.read_bytes()[:40])
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--preset", "tiny", "--run-name", "cut",
+    done = subprocess.run([sys.executable, "-m", "flows.tooling.cli", "train", "--preset", "tiny", "--run-name", "cut",
                            "--store", f"file://{tmp_path}"], capture_output=True, text=True, timeout=300,
                           check=False)
     assert done.returncode == 1, done.stderr[-3000:]

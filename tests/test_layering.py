@@ -22,7 +22,8 @@ if sys.version_info < (3, 11):  # import-linter 2.x needs 3.11 (pyproject's dev 
 import tomllib  # noqa: E402 - after the version check
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("rl_core", "gymflow_kernels", "tasks", "flows")
+PACKAGES = {"rl_core": "rl_core", "gymflow_kernels": "kernels/gymflow_kernels", "tasks": "tasks", "flows": "flows"}
+"""Each package's folder in the repository (the kernels package sits in kernels/, which is not itself a package)."""
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -55,11 +56,12 @@ def test_todays_code_keeps_every_contract() -> None:
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The four packages' Python files and pyproject.toml, copied once."""
+    """The four packages' Python files and pyproject.toml, copied once; each package at the copy's top level, so that
+    lint-imports, run there, reads the copy and not the installed (editable) kernels package."""
     root = tmp_path_factory.mktemp("layering-sources")
     keep_python = shutil.ignore_patterns("__pycache__", "*.pyc", "*.xml", "*.yaml", "*.json", "*.txt", "LICENSE*")
-    for package in PACKAGES:
-        shutil.copytree(ROOT / package, root / package, ignore=keep_python)
+    for package, folder in PACKAGES.items():
+        shutil.copytree(ROOT / folder, root / package, ignore=keep_python)
     shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
     return root
 

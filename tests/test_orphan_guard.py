@@ -1,4 +1,4 @@
-"""flows.orphan_guard: a command SIGKILLed outright takes what it started with it; one that ends normally leaves the
+"""flows.tooling.orphan_guard: a command SIGKILLed outright takes what it started with it; one that ends normally leaves the
 guard nothing to do."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import psutil
 
 PARENT = """
 import subprocess, sys, time
-from flows.orphan_guard import guard
+from flows.tooling.orphan_guard import guard
 guard()
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 print(child.pid, flush=True)
@@ -56,5 +56,5 @@ def test_after_a_normal_exit_the_guard_ends_too() -> None:
     parent.wait()
     assert _gone(child, 15)  # the child was ours: once the command is gone it is stopped too
     guards = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"]
-              and "flows.orphan_guard" in " ".join(p.info["cmdline"]) and str(parent.pid) in p.info["cmdline"]]
+              and "flows.tooling.orphan_guard" in " ".join(p.info["cmdline"]) and str(parent.pid) in p.info["cmdline"]]
     assert all(_gone(g.pid, 15) for g in guards)

@@ -1,6 +1,6 @@
 """Nothing read from a store or a config is ever unpickled or executed: an AST scan of the code for pickle and its
 kin, torch.load without weights_only=True, eval/exec and unsafe YAML. The one exec, the kernel sandbox, runs
-proposals in a confined subprocess (gymflow_kernels/proposers.py) and is listed here with that reason."""
+proposals in a confined subprocess (kernels/gymflow_kernels/proposers.py) and is listed here with that reason."""
 from __future__ import annotations
 
 import ast
@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ["rl_core", "gymflow_kernels", "flows", "tasks", "bench", "examples"]
 UNSAFE_MODULES = {"pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve", "joblib"}
-ALLOWED = {("gymflow_kernels/sandbox.py", "exec"): "runs a kernel proposal in a confined subprocess"}
+ALLOWED = {("kernels/gymflow_kernels/sandbox.py", "exec"): "runs a kernel proposal in a confined subprocess"}
 
 
 def _findings(path: Path) -> list[tuple[int, str]]:

@@ -3,7 +3,7 @@
 A two-link planar arm (links of 0.12 m) should bring its fingertip to a target drawn anew each episode.
 Importing this module registers the task, so the control flow trains it by name:
 
-    python -m flows.cli train --env-module examples.reaching_arm --env ReachingArm-v0 --preset quick
+    python -m flows.tooling.cli train --env-module examples.reaching_arm --env ReachingArm-v0 --preset quick
 
 qpos = [shoulder, elbow, target_x, target_y]; every function below sees the whole batch at once
 (leading axis = env) and never touches MuJoCo: the env steps the model and hands over qpos and qvel.

@@ -2,4 +2,5 @@
 
 Importing the package registers the built-in algorithms, so a config's `algorithm.name` always finds them.
 """
-from rl_core.algos import grpo_learner, ppo_learner  # noqa: F401  (register "grpo" and "ppo")
+from rl_core.algos.grpo import learner as grpo_learner  # noqa: F401  (registers "grpo")
+from rl_core.algos.ppo import learner as ppo_learner  # noqa: F401  (registers "ppo")

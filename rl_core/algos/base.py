@@ -1,7 +1,7 @@
 """The algorithm seam: what the runtime (env workers, trainer ranks, the in-process loop) needs of an algorithm.
 
 An algorithm is registered once (`register_algorithm`) under the name its config section carries
-(`RunConfig.algorithm.name`) and provides one function per phase of an iteration:
+(`ControlRunConfig.algorithm.name`) and provides one function per phase of an iteration:
 
     collect   policy + envs -> experience         (env workers; the in-process loop on threads)
     score     experience of all workers -> batch  (the score step)
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from rl_core.config import RunConfig
+    from rl_core.config.control import ControlRunConfig
 
 Tensors = dict[str, np.ndarray]
 """Named arrays: what steps hand each other through the store and what a checkpoint holds."""
@@ -101,18 +101,18 @@ class Algorithm:
     """One registered algorithm: its builders and its phase functions (see the module docstring)."""
 
     name: str
-    learner: Callable[["RunConfig", "Spaces | None"], Learner]
-    policy: Callable[["RunConfig", "Spaces | None"], Policy]
-    score: Callable[["RunConfig", list[Tensors], list[dict[str, Any]]], Tensors]
+    learner: Callable[["ControlRunConfig", "Spaces | None"], Learner]
+    policy: Callable[["ControlRunConfig", "Spaces | None"], Policy]
+    score: Callable[["ControlRunConfig", list[Tensors], list[dict[str, Any]]], Tensors]
     """(cfg, experience of each worker in worker order, their metas) -> the batch every rank updates from."""
-    hot_ops: Callable[["RunConfig", "Spaces | None", int, "int | None", "int | None"], Calls]
+    hot_ops: Callable[["ControlRunConfig", "Spaces | None", int, "int | None", "int | None"], Calls]
     """(cfg, spaces, ranks, trainer threads, env-worker threads) -> the kernels its phases dispatch, to tune."""
     initial_carry: Callable[[int], Tensors] | None = None
     """Per-env arrays an algorithm carries across iterations with the envs (checkpointed with them), for N envs;
     None for an algorithm whose experience does not come from env workers (GRPO's comes from rollouts)."""
-    collect: Callable[["RunConfig", Policy, Any, Tensors, int, int], tuple[Tensors, dict[str, Any]]] | None = None
+    collect: Callable[["ControlRunConfig", Policy, Any, Tensors, int, int], tuple[Tensors, dict[str, Any]]] | None = None
     """(cfg, policy, envs, carry, iteration, first env index) -> (experience, small JSON meta); updates carry."""
-    counters: Callable[["RunConfig", list[str], "dict[str, Any] | None"], dict[str, Any]] | None = None
+    counters: Callable[["ControlRunConfig", list[str], "dict[str, Any] | None"], dict[str, Any]] | None = None
     """(cfg, the iteration's experience URIs, the parent version's meta; None for version 0) -> JSON counters of
     the version's meta (env steps; tokens and the trajectories an update consumed), beside iteration and seed."""
     warm_start: bool = False
@@ -131,7 +131,7 @@ def register_algorithm(algorithm: Algorithm) -> None:
     _ALGORITHMS[algorithm.name] = algorithm
 
 
-def algorithm_of(cfg: "RunConfig") -> Algorithm:
+def algorithm_of(cfg: "ControlRunConfig") -> Algorithm:
     """The registered algorithm the run's config section names."""
     try:
         return _ALGORITHMS[cfg.algorithm.name]
@@ -140,7 +140,7 @@ def algorithm_of(cfg: "RunConfig") -> Algorithm:
                        f"registered: {', '.join(sorted(_ALGORITHMS))}") from None
 
 
-def env_spaces(cfg: "RunConfig") -> Spaces:
+def env_spaces(cfg: "ControlRunConfig") -> Spaces:
     """The run's observation and action sizes, from a one-env probe batch."""
     from rl_core.envs import make_batch
 
@@ -148,17 +148,17 @@ def env_spaces(cfg: "RunConfig") -> Spaces:
     return Spaces(probe.obs_dim, probe.action_dim)
 
 
-def spaces_for(cfg: "RunConfig", spaces: Spaces | None = None) -> Spaces | None:
+def spaces_for(cfg: "ControlRunConfig", spaces: Spaces | None = None) -> Spaces | None:
     """`spaces`, else the run's task's when its algorithm uses them (probing a one-env batch), else None."""
     return spaces or (env_spaces(cfg) if algorithm_of(cfg).uses_spaces else None)
 
 
-def build_learner(cfg: "RunConfig", spaces: Spaces | None = None) -> Learner:
+def build_learner(cfg: "ControlRunConfig", spaces: Spaces | None = None) -> Learner:
     """The run's learner, seeded from the run's seed: equal configs give equal initial weights."""
     return algorithm_of(cfg).learner(cfg, spaces_for(cfg, spaces))
 
 
-def build_policy(cfg: "RunConfig", spaces: Spaces | None = None) -> Policy:
+def build_policy(cfg: "ControlRunConfig", spaces: Spaces | None = None) -> Policy:
     """A policy to act with; its weights come from `load_state` (a checkpoint's policy tensors)."""
     return algorithm_of(cfg).policy(cfg, spaces_for(cfg, spaces))
 

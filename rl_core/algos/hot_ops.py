@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import gymflow_kernels as kernels
 from rl_core.algos.base import Calls, algorithm_of, spaces_for
-from rl_core.config import RunConfig
+from rl_core.config.control import ControlRunConfig
 
 
-def hot_ops(cfg: RunConfig, num_ranks: int = 1, trainer_threads: int | None = None,
+def hot_ops(cfg: ControlRunConfig, num_ranks: int = 1, trainer_threads: int | None = None,
             env_worker_threads: int | None = None) -> Calls:
     """Each op the run's algorithm dispatches, with the thread count of the process that calls it (winners are
     looked up by it), for `num_ranks` trainer ranks. The defaults describe `train_in_process`: one process calls

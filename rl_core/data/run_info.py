@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 
 import fsspec
 
-from rl_core.agent_config import AgentRunConfig, AnyRunConfig
-from rl_core.config import ConfigError, RunConfig, migrate_flat_config
+from rl_core.config.agent import AgentRunConfig, AnyRunConfig
+from rl_core.config.control import ConfigError, ControlRunConfig, migrate_flat_config
 from rl_core.data.run_layout import RunLayout
 
 # Fields a continued run may change: how far to go and how much to evaluate, not what is trained. Also how its
@@ -71,15 +71,15 @@ def _comparable(cfg: dict) -> dict:
     if cfg.get("flow") == "agent":
         return {k: v for k, v in _dotted(cfg, AgentRunConfig.SECTIONS).items() if k not in AGENT_CONTINUABLE_FIELDS}
     nested = migrate_flat_config(cfg)
-    fields = {k: v for k, v in _dotted(nested, RunConfig.SECTIONS).items() if k not in CONTINUABLE_FIELDS}
+    fields = {k: v for k, v in _dotted(nested, ControlRunConfig.SECTIONS).items() if k not in CONTINUABLE_FIELDS}
     fields[ENV_COUNT] = nested["env"]["num_workers"] * nested["env"]["envs_per_worker"]
     return fields
 
 
-def load_run_config(store: str, run_name: str) -> RunConfig:
+def load_run_config(store: str, run_name: str) -> ControlRunConfig:
     """The configuration run ``run_name`` under ``store`` was started with (its run.json), with ``store`` as
     given (the run may have been moved since), for steps that act on an existing run."""
-    located = RunConfig.model_validate({"run_name": run_name, "storage": {"url": store}, "iterations": 1})
+    located = ControlRunConfig.model_validate({"run_name": run_name, "storage": {"url": store}, "iterations": 1})
     url = RunLayout(located.run_url).run_info
     fs, path = fsspec.core.url_to_fs(url)
     try:
@@ -92,7 +92,7 @@ def load_run_config(store: str, run_name: str) -> RunConfig:
                           "evaluation is the `evaluate` step of its flow (the summary's accuracy_final, and "
                           "<run>/checkpoints' versions); this command evaluates control runs")
     config = migrate_flat_config(stored["config"])
-    return RunConfig.model_validate({**config, "storage": {**config.get("storage", {}), "url": located.storage.url}})
+    return ControlRunConfig.model_validate({**config, "storage": {**config.get("storage", {}), "url": located.storage.url}})
 
 
 def open_run(cfg: AnyRunConfig) -> RunInfo:

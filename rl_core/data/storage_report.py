@@ -7,8 +7,8 @@ import fsspec
 import numpy as np
 import torch
 
-from rl_core.agent_config import AnyRunConfig
 from rl_core.checkpoint import CheckpointStore
+from rl_core.config.agent import AnyRunConfig
 from rl_core.data.run_layout import RunLayout
 
 

@@ -26,7 +26,8 @@ import torch
 from safetensors.numpy import save_file
 
 from rl_core.generation.base import Generation, GenerationRequest, check_version
-from rl_core.policies.llama import LlamaLM, LlamaSpec
+from rl_core.policies.llama import LlamaLM
+from rl_core.policies.llama_spec import LlamaSpec
 from rl_core.policies.pretrained import save_weights, spec_from_hf_config
 from rl_core.seeding import derive_seed
 

@@ -18,7 +18,8 @@ import torch
 from rl_core.policies import char_tokenizer
 from rl_core.policies.char_tokenizer import CharTokenizer
 from rl_core.policies.hf_tokenizer import HFTokenizer
-from rl_core.policies.llama import LlamaLM, LlamaSpec
+from rl_core.policies.llama import LlamaLM
+from rl_core.policies.llama_spec import LlamaSpec
 from rl_core.policies.pretrained import check_pretrained, load_pretrained, spec_from_hf_config
 
 Tokenizer = CharTokenizer | HFTokenizer

@@ -5,7 +5,7 @@ messages. `conversation_ids` renders it as the model expects the next turn (its 
 prompt, or plain concatenation after bos for a model without one) and tokenizes the text, special tokens included;
 `action_ids` is what an assistant turn the model wrote looks like as ids (its text, then eos where the template ends
 turns with it). Trajectories compare these with the ids already sampled to decide whether a turn can be appended
-exactly (`rl_core.algos.trajectories`).
+exactly (`rl_core.algos.grpo.trajectories`).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from rl_core.policies.llama import LlamaSpec
+    from rl_core.policies.llama_spec import LlamaSpec
 
 
 def attention_dtype(device: torch.device | str) -> torch.dtype:

@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from rl_core.policies import char_tokenizer
 from rl_core.policies.char_tokenizer import CharTokenizer
-from rl_core.policies.llama import LlamaLM, LlamaSpec
+from rl_core.policies.llama import LlamaLM
+from rl_core.policies.llama_spec import LlamaSpec
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -13,13 +13,13 @@ import fsspec
 import numpy as np
 
 from rl_core.algos.base import Tensors, algorithm_of
-from rl_core.algos.batches import ENV_STATE_PREFIX
+from rl_core.algos.ppo.batches import ENV_STATE_PREFIX
 from rl_core.checkpoint import CheckpointStore
-from rl_core.config import RunConfig
+from rl_core.config.control import ControlRunConfig
 from rl_core.data import RunLayout, read_tensors
 
 
-def writer_store(cfg: RunConfig) -> CheckpointStore:
+def writer_store(cfg: ControlRunConfig) -> CheckpointStore:
     """The run's checkpoint store, as its only writer opens it (the flow run holding the run's lease): a claim
     that a killed run left mid-commit is withdrawn, so iteration i still commits version i + 1. A writer that keeps
     it across its commits (see `commit_iteration`) saves each commit listing, reading and decoding the base again."""
@@ -35,7 +35,7 @@ def _summary(store: CheckpointStore, version: int) -> dict:
             "raw_bytes": report["raw_bytes"]}
 
 
-def _meta(cfg: RunConfig, iteration: int, experience: list[str], parent_meta: dict | None) -> dict:
+def _meta(cfg: ControlRunConfig, iteration: int, experience: list[str], parent_meta: dict | None) -> dict:
     counting = algorithm_of(cfg).counters
     counters = counting(cfg, experience, parent_meta) if counting else {}
     return {"iteration": iteration, **counters, "seed": cfg.seed, "config": cfg.model_dump(mode="json")}
@@ -64,7 +64,7 @@ def newest_valid_version(store: CheckpointStore) -> tuple[int | None, list[str]]
     return None, set_aside
 
 
-def commit_initial(cfg: RunConfig, learner_state: Tensors | Callable[[], Tensors]) -> dict:
+def commit_initial(cfg: ControlRunConfig, learner_state: Tensors | Callable[[], Tensors]) -> dict:
     """Where the run stands: its newest valid version (see `newest_valid_version`; its `set_aside` messages are in
     the summary, and `lineage`, how many versions were ever set aside), or version 0 (the initial learner; envs
     start fresh from the seed) for a run without one.
@@ -85,7 +85,7 @@ def remove_staged(uris: list[str]) -> None:
             fs.rm(path)
 
 
-def commit_iteration(cfg: RunConfig, iteration: int, version: int, staged: str, experience: list[str],
+def commit_iteration(cfg: ControlRunConfig, iteration: int, version: int, staged: str, experience: list[str],
                      store: CheckpointStore | None = None) -> dict:
     """Commit version+1 from the staged learner and the workers' end env states; clean the step outputs.
 

@@ -18,7 +18,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rl_core.agent_config import parse_run_config
 from rl_core.algos.base import (
     Epochs,
     Tensors,
@@ -26,12 +25,13 @@ from rl_core.algos.base import (
     build_learner,
     single_process,
 )
-from rl_core.algos.instability import UnstableUpdate
 from rl_core.checkpoint import CheckpointStore
+from rl_core.config.agent import parse_run_config
+from rl_core.config.threads import TRAINER_THREADS
 from rl_core.data import RunLayout, read_tensors, write_tensors
+from rl_core.optim.instability import UnstableUpdate
 from rl_core.runtime.faults import maybe_fail
 from rl_core.runtime.version_state import learner_state
-from rl_core.threads import TRAINER_THREADS
 
 logger = logging.getLogger("rl_core.runtime")
 

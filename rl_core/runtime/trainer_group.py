@@ -18,11 +18,10 @@ import threading
 import numpy as np
 import ray
 
-from rl_core.agent_config import AnyRunConfig
+from rl_core.config.agent import AnyRunConfig
 from rl_core.data.run_lease import pid_runs
 from rl_core.runtime.local_ray import actor_options, ensure_ray, is_local_ray, wait_until_names_free
 from rl_core.runtime.trainer import TrainerRank
-
 
 RENDEZVOUS_PREFIX = "gymflow-"
 """A local group's FileStore folder is `<tmp>/gymflow-<run>-ranks-<pid of the process that made it>-<random>`."""

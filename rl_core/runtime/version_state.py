@@ -14,7 +14,7 @@ from collections.abc import Callable
 import fsspec
 
 from rl_core.algos.base import Tensors
-from rl_core.algos.batches import ENV_STATE_PREFIX
+from rl_core.algos.ppo.batches import ENV_STATE_PREFIX
 from rl_core.checkpoint import CheckpointStore, Snapshot
 from rl_core.data import RunLayout, TensorFileError, read_tensors
 from rl_core.runtime.commits import join_env_states

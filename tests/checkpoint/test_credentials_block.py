@@ -6,9 +6,9 @@ import logging
 import numpy as np
 import pytest
 
-from flows.store_credentials import ENV_BY_FIELD, export_store_credentials
+from flows.run.store_credentials import ENV_BY_FIELD, export_store_credentials
 from rl_core.checkpoint import CheckpointStore
-from rl_core.config import ConfigError
+from rl_core.config.control import ConfigError
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rl_core.agent_presets import build_agent_config
 from rl_core.checkpoint import CheckpointStore, StorageError
-from rl_core.config import STORE_SCHEMES, ConfigError, StorageConfig
-from rl_core.run_presets import build_config
+from rl_core.config.agent_presets import build_agent_config
+from rl_core.config.control import STORE_SCHEMES, ConfigError, StorageConfig
+from rl_core.config.control_presets import build_config
 from tests.checkpoint.store_helpers import assert_same_tensors
 
 #: any text before "://" but the schemes a run may use (and none: "://x" reads as a local path, like "x")

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_core.algos.adam_step import AdamStep
-from rl_core.algos.gradients import flat_grad_views
-from rl_core.algos.instability import NonFiniteGuard
+from rl_core.optim.adam_step import AdamStep
+from rl_core.optim.gradients import flat_grad_views
+from rl_core.optim.instability import NonFiniteGuard
 
 
 def _model_and_adam(**adam: object) -> tuple[torch.nn.Module, torch.Tensor, torch.optim.Adam]:

@@ -6,14 +6,15 @@ import json
 
 import pytest
 
-from flows.cli import main
-from rl_core.agent_config import AgentRunConfig, parse_run_config
-from rl_core.agent_presets import build_agent_config
-from rl_core.config import ConfigError, RunConfig
+from flows.tooling.cli import main
+from rl_core.config.agent import AgentRunConfig, parse_run_config
+from rl_core.config.agent_presets import build_agent_config
+from rl_core.config.control import ConfigError, ControlRunConfig
+from rl_core.config.launch_options import agent_launch_options
 from rl_core.data.run_info import open_run
-from rl_core.launch_options import agent_launch_options
 from rl_core.policies.char_tokenizer import CharTokenizer
-from rl_core.policies.llama import LlamaLM, LlamaSpec
+from rl_core.policies.llama import LlamaLM
+from rl_core.policies.llama_spec import LlamaSpec
 from rl_core.policies.pretrained import save_pretrained
 
 
@@ -22,7 +23,7 @@ def test_presets_build_and_round_trip_as_actors_receive_them() -> None:
     assert cfg.run_name == "CalcTool-v0-tiny-s3" and cfg.sampling.temperature == 0.7 and not cfg.algorithm.scale_std
     assert parse_run_config(cfg.model_dump_json()) == cfg
     assert isinstance(parse_run_config(build_agent_config("quick").model_dump()), AgentRunConfig)
-    assert isinstance(parse_run_config({"run_name": "c", "iterations": 1}), RunConfig)
+    assert isinstance(parse_run_config({"run_name": "c", "iterations": 1}), ControlRunConfig)
 
 
 def test_every_scalar_field_is_a_launch_option() -> None:
@@ -120,4 +121,4 @@ def test_a_continued_run_must_sample_as_it_did(tmp_path) -> None:
     with pytest.raises(ConfigError, match="sampling.temperature: was 1.0, now 0.5"):
         open_run(build_agent_config("tiny", run_name="same", store=store, temperature=0.5))
     with pytest.raises(ConfigError, match="flow: was 'agent', now None"):
-        open_run(RunConfig(run_name="same", iterations=1, storage={"url": store}))
+        open_run(ControlRunConfig(run_name="same", iterations=1, storage={"url": store}))

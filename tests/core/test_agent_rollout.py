@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 import torch
 
-from rl_core.agent_presets import build_agent_config
-from rl_core.algos.agent_phases import rollout_chunk
-from rl_core.algos.agent_rollout import EpisodeSpec, run_episodes
-from rl_core.algos.grpo import ScoredTokens, logprob_parity
-from rl_core.algos.grpo_learner import sampling_params, score
-from rl_core.algos.lm_policy import build_language_model
-from rl_core.algos.trajectories import PROMPT_TURN, TrajectoryBatch
+from rl_core.algos.grpo.episodes import EpisodeSpec, run_episodes
+from rl_core.algos.grpo.learner import sampling_params, score
+from rl_core.algos.grpo.phases import rollout_chunk
+from rl_core.algos.grpo.trajectories import PROMPT_TURN, TrajectoryBatch
+from rl_core.algos.grpo.update import ScoredTokens, logprob_parity
+from rl_core.config.agent_presets import build_agent_config
 from rl_core.envs.agent import make_agent_env
 from rl_core.generation import Generation, GenerationRequest, SamplingParams
 from rl_core.generation.torch_generator import TorchGenerator
 from rl_core.policies.char_tokenizer import CharTokenizer
 from rl_core.policies.llama import LlamaLM
+from rl_core.policies.lm_policy import build_language_model
 
 
 class ScriptedGenerator:
@@ -209,8 +209,8 @@ class Growing:
 
 def test_a_prompt_longer_than_the_context_fails_the_step_before_anything_is_written(tmp_path, monkeypatch) -> None:
     from rl_core.envs.agent import register_agent_env, registry
-    from rl_core.runtime.agent_actors import AgentActors
-    from rl_core.runtime.rollouts import rollout_iteration
+    from rl_core.runtime.agent.actors import AgentActors
+    from rl_core.runtime.agent.rollouts import rollout_iteration
 
     monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))  # registered for this test only
     register_agent_env(Growing, Growing.name)

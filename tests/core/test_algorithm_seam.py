@@ -15,16 +15,16 @@ import pytest
 from prefect.logging import disable_run_logger
 from pydantic import Field
 
-from rl_core import config
 from rl_core.algos import base
 from rl_core.algos.base import Algorithm, Spaces, Tensors, UpdateHooks, algorithm_of
-from rl_core.algos.train_loop import train_in_process
+from rl_core.algos.ppo.in_process import train_in_process
 from rl_core.checkpoint import CheckpointStore
-from rl_core.config import AlgorithmConfig, ConfigError, RunConfig
+from rl_core.config import control as config
+from rl_core.config.control import AlgorithmConfig, ConfigError, ControlRunConfig
+from rl_core.config.control_presets import build_config
 from rl_core.data import RunLayout
-from rl_core.run_presets import build_config
 from rl_core.runtime.commits import commit_initial, commit_iteration
-from rl_core.runtime.env_worker import EnvWorker
+from rl_core.runtime.control.env_worker import EnvWorker
 from rl_core.runtime.trainer import TrainerRank
 from tasks.score import score
 
@@ -49,7 +49,7 @@ class BanditPolicy:
 
 
 class BanditLearner:
-    def __init__(self, run: RunConfig, spaces: Spaces) -> None:
+    def __init__(self, run: ControlRunConfig, spaces: Spaces) -> None:
         self.run, self.policy = run, BanditPolicy(spaces)
 
     def update(self, batch: Tensors, iteration: int, hooks: UpdateHooks = UpdateHooks()) -> dict[str, float]:
@@ -66,7 +66,7 @@ class BanditLearner:
         self.policy.load_state(state)
 
 
-def _collect(cfg: RunConfig, policy: BanditPolicy, env: Any, carry: Tensors, iteration: int,
+def _collect(cfg: ControlRunConfig, policy: BanditPolicy, env: Any, carry: Tensors, iteration: int,
              first_env: int) -> tuple[Tensors, dict]:
     rewards = np.stack([env.step(policy.deterministic_action(env.observe())).reward
                         for _ in range(cfg.env.rollout_steps)])
@@ -74,7 +74,7 @@ def _collect(cfg: RunConfig, policy: BanditPolicy, env: Any, carry: Tensors, ite
     return {"rewards": rewards.astype(np.float32)}, {"env_steps": rewards.size, "finished_returns": []}
 
 
-def _score(cfg: RunConfig, parts: list[Tensors], metas: list[dict]) -> Tensors:
+def _score(cfg: ControlRunConfig, parts: list[Tensors], metas: list[dict]) -> Tensors:
     return {"mean_reward": np.array(np.mean([p["rewards"].mean() for p in parts]), np.float32)}
 
 
@@ -92,7 +92,7 @@ def bandit(monkeypatch: pytest.MonkeyPatch) -> None:
     base.register_algorithm(BANDIT)
 
 
-def _cfg(**options: Any) -> RunConfig:
+def _cfg(**options: Any) -> ControlRunConfig:
     return build_config("tiny", run_name="bandit", algorithm="bandit", num_ranks=1, num_workers=1,
                         store=f"memory://gymflow-seam-{uuid.uuid4().hex}", **options)
 
@@ -100,7 +100,7 @@ def _cfg(**options: Any) -> RunConfig:
 def test_a_registered_algorithm_runs_through_worker_score_rank_and_commits(bandit) -> None:
     cfg = _cfg(hyperparameters={"step_size": 0.5})
     assert algorithm_of(cfg) is BANDIT and cfg.algorithm.step_size == 0.5
-    assert RunConfig.model_validate_json(cfg.model_dump_json()) == cfg  # what actors receive round-trips
+    assert ControlRunConfig.model_validate_json(cfg.model_dump_json()) == cfg  # what actors receive round-trips
     rank = TrainerRank(cfg.model_dump_json(), 0, 1)
     commit_initial(cfg, rank.initial_state())
     for iteration in range(2):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from rl_core.config import ConfigError
-from rl_core.run_presets import build_config
+from rl_core.config.control import ConfigError
+from rl_core.config.control_presets import build_config
 
 
 @pytest.mark.parametrize(
@@ -47,13 +47,13 @@ def test_file_store_becomes_absolute(tmp_path, monkeypatch) -> None:
 
 def test_every_scalar_field_is_a_launch_option_and_nests_where_it_belongs() -> None:
     """The flow's parameters and the CLI's flags come from the models: a field added there is an option."""
-    from rl_core.config import EnvConfig, RunConfig, StorageConfig
-    from rl_core.launch_options import launch_options, nest_options
+    from rl_core.config.control import ControlRunConfig, EnvConfig, StorageConfig
+    from rl_core.config.launch_options import launch_options, nest_options
 
     options = launch_options()
     paths = {o.path for o in options.values() if o.path}
-    for prefix, model in (((), RunConfig), (("env",), EnvConfig), (("storage",), StorageConfig)):
-        scalar = {f for f, info in model.model_fields.items() if f not in RunConfig.SECTIONS and f != "randomization"}
+    for prefix, model in (((), ControlRunConfig), (("env",), EnvConfig), (("storage",), StorageConfig)):
+        scalar = {f for f, info in model.model_fields.items() if f not in ControlRunConfig.SECTIONS and f != "randomization"}
         assert {(*prefix, f) for f in scalar} <= paths, model.__name__
     assert options["env"].path == ("env", "name") and options["store"].path == ("storage", "url")
     assert nest_options({"env": "Hopper-v5", "seed": 3, "store": None}) == {"env": {"name": "Hopper-v5"}, "seed": 3}
@@ -63,7 +63,7 @@ def test_every_scalar_field_is_a_launch_option_and_nests_where_it_belongs() -> N
 
 def test_a_config_in_the_flat_layout_reads_as_the_sectioned_one() -> None:
     """run.json and checkpoint meta written before the sections existed (flat fields, `ppo`) still load."""
-    from rl_core.config import RunConfig
+    from rl_core.config.control import ControlRunConfig
 
     cfg = build_config("tiny", run_name="old", env="Hopper-v5", store="memory://x", hyperparameters={"gamma": 0.9})
     flat = {"run_name": "old", "seed": 0, "iterations": 2, "num_ranks": 2, "overlap": False, "eval_episodes": 1,
@@ -71,7 +71,7 @@ def test_a_config_in_the_flat_layout_reads_as_the_sectioned_one() -> None:
             "num_workers": 2, "envs_per_worker": 4, "rollout_steps": 16, "store": "memory://x", "full_every": 8,
             "epoch_checkpoint_every": 1, "epoch_checkpoint_min_s": 0.0,
             "ppo": {k: v for k, v in cfg.algorithm.model_dump(mode="json").items() if k != "name"}}
-    assert RunConfig.model_validate(flat) == cfg
+    assert ControlRunConfig.model_validate(flat) == cfg
 
 
 @pytest.mark.parametrize("options, named", [
@@ -85,14 +85,14 @@ def test_values_that_would_fail_inside_an_actor_are_refused_at_start(options: di
 
 
 def test_the_default_store_is_resolved_where_the_config_is_made(tmp_path, monkeypatch) -> None:
-    from rl_core.config import RunConfig
+    from rl_core.config.control import ControlRunConfig
 
     monkeypatch.chdir(tmp_path)
-    assert RunConfig(run_name="here", iterations=1).storage.url == f"file://{tmp_path}/runs"
+    assert ControlRunConfig(run_name="here", iterations=1).storage.url == f"file://{tmp_path}/runs"
 
 
 def test_a_memory_store_is_refused_for_a_flow_naming_why() -> None:
-    from rl_core.config import require_shared_store
+    from rl_core.config.control import require_shared_store
 
     with pytest.raises(ConfigError, match="Ray actors"):
         require_shared_store("memory://runs")

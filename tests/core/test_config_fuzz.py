@@ -16,12 +16,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from rl_core.agent_config import AgentRunConfig, parse_run_config
-from rl_core.agent_presets import build_agent_config
-from rl_core.config import MAX_SEED, ConfigError, PPOConfig, RunConfig
+from rl_core.config.agent import AgentRunConfig, parse_run_config
+from rl_core.config.agent_presets import build_agent_config
+from rl_core.config.control import MAX_SEED, ConfigError, ControlRunConfig, PPOConfig
+from rl_core.config.control_presets import build_config
+from rl_core.config.launch_options import agent_launch_options, launch_options
 from rl_core.envs.registry import task_names
-from rl_core.launch_options import agent_launch_options, launch_options
-from rl_core.run_presets import build_config
 
 RUN_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
 
@@ -93,7 +93,7 @@ def _fields_of(root: type[BaseModel], options: dict, algorithm: type[BaseModel] 
     return found
 
 
-CONTROL_FIELDS = _fields_of(RunConfig, launch_options(), PPOConfig)
+CONTROL_FIELDS = _fields_of(ControlRunConfig, launch_options(), PPOConfig)
 AGENT_FIELDS = _fields_of(AgentRunConfig, agent_launch_options(), None)  # GRPO's fields are agent options
 
 
@@ -272,8 +272,8 @@ def test_a_valid_control_config_keeps_every_value_and_round_trips_through_json(l
     for field in CONTROL_FIELDS:
         if field.option in launch:
             assert _value_at(cfg, field.dotted) == launch[field.option], field.dotted
-    assert RunConfig.model_validate(cfg.model_dump(mode="json")) == cfg
-    assert RunConfig.model_validate_json(cfg.model_dump_json()) == cfg
+    assert ControlRunConfig.model_validate(cfg.model_dump(mode="json")) == cfg
+    assert ControlRunConfig.model_validate_json(cfg.model_dump_json()) == cfg
     assert parse_run_config(cfg.model_dump_json()) == cfg  # as actors receive it and run.json stores it
 
 

@@ -9,10 +9,10 @@ import pytest
 import ray
 
 from rl_core.algos.base import build_learner
+from rl_core.config.control_presets import build_config
 from rl_core.data import RunLayout, read_tensors, write_tensors
-from rl_core.run_presets import build_config
 from rl_core.runtime.commits import commit_initial, commit_iteration
-from rl_core.runtime.env_pool import EnvWorkerDied, EnvWorkerPool, env_split
+from rl_core.runtime.control.env_pool import EnvWorkerDied, EnvWorkerPool, env_split
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
 

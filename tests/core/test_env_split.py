@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from rl_core.algos.train_loop import train_in_process
-from rl_core.run_presets import build_config
+from rl_core.algos.ppo.in_process import train_in_process
+from rl_core.config.control_presets import build_config
 from rl_core.seeding import action_noise
 
 

@@ -22,8 +22,8 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_imports_leave_the_environment_alone_and_ensure_ray_applies_loopback() -> None:
     done = _python(
         "import os\n"
-        "import flows.train_control, flows.cli, rl_core.runtime.actors, tasks.simulate\n"
-        "from flows.defaults import PREFECT_DEFAULTS\n"
+        "import flows.train_control, flows.tooling.cli, rl_core.runtime.control.actors, tasks.simulate\n"
+        "from flows.tooling.defaults import PREFECT_DEFAULTS\n"
         "from rl_core.runtime.local_ray import LOCAL_RAY_DEFAULTS\n"
         "ours = set(PREFECT_DEFAULTS) | set(LOCAL_RAY_DEFAULTS)\n"
         "assert not ours & set(os.environ), ours & set(os.environ)\n"
@@ -37,9 +37,9 @@ def test_imports_leave_the_environment_alone_and_ensure_ray_applies_loopback() -
 
 
 def test_prefect_defaults_must_come_before_prefect() -> None:
-    early = _python("from flows.defaults import apply_prefect_defaults; apply_prefect_defaults()\n"
+    early = _python("from flows.tooling.defaults import apply_prefect_defaults; apply_prefect_defaults()\n"
                     "from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as S\n"
                     "assert S.value() == 120, S.value()\n")
     assert early.returncode == 0, early.stderr[-2000:]
-    late = _python("import prefect\nfrom flows.defaults import apply_prefect_defaults; apply_prefect_defaults()\n")
+    late = _python("import prefect\nfrom flows.tooling.defaults import apply_prefect_defaults; apply_prefect_defaults()\n")
     assert late.returncode != 0 and "must run before prefect is imported" in late.stderr

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rl_core.algos.base import algorithm_of, build_learner
+from rl_core.config.control_presets import build_config
 from rl_core.envs import make_batch, task_names
-from rl_core.run_presets import build_config
 
 NUM_ENVS, STEPS = 4, 16  # the tiny preset's envs per worker and steps
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_core.algos.fused_adam import FusedAdam
-from rl_core.algos.gradients import flat_grad_views
-from rl_core.algos.optimizer_state import load_optimizer_arrays, optimizer_arrays
+from rl_core.optim.fused_adam import FusedAdam
+from rl_core.optim.gradients import flat_grad_views
+from rl_core.optim.optimizer_state import load_optimizer_arrays, optimizer_arrays
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,8 +69,8 @@ def test_no_state_before_the_first_step_and_bad_state_is_refused() -> None:
 def test_a_ppo_update_never_imports_torch_dynamo() -> None:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     code = ("import sys\n"
-            "from rl_core.run_presets import build_config\n"
-            "from rl_core.algos.train_loop import train_in_process\n"
+            "from rl_core.config.control_presets import build_config\n"
+            "from rl_core.algos.ppo.in_process import train_in_process\n"
             "train_in_process(build_config('tiny', run_name='no-dynamo', store='memory://no-dynamo', num_ranks=1,\n"
             "                              iterations=2))\n"
             "assert 'torch._dynamo' not in sys.modules, 'a torch.optim optimizer (or something else) imported it'\n"

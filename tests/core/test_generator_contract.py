@@ -16,7 +16,8 @@ from rl_core.generation import GenerationRequest, Generator, SamplingParams, Ver
 from rl_core.generation.torch_generator import TorchGenerator
 from rl_core.generation.vllm_generator import VLLMGenerator, vllm_available
 from rl_core.policies.char_tokenizer import CharTokenizer
-from rl_core.policies.llama import LlamaLM, LlamaSpec
+from rl_core.policies.llama import LlamaLM
+from rl_core.policies.llama_spec import LlamaSpec
 from rl_core.policies.pretrained import save_pretrained
 
 TOKENIZER = CharTokenizer("0123456789+-=")

@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rl_core.agent_presets import build_agent_config
-from rl_core.algos.agent_phases import rollout_chunk
 from rl_core.algos.base import UpdateHooks
-from rl_core.algos.grpo import (
+from rl_core.algos.grpo.learner import GRPOLearner, sampling_params, score
+from rl_core.algos.grpo.phases import rollout_chunk
+from rl_core.algos.grpo.update import (
     STD_EPS,
     ScoredTokens,
     UpdateStart,
@@ -22,11 +22,11 @@ from rl_core.algos.grpo import (
     loss_weights,
     token_logprobs,
 )
-from rl_core.algos.grpo_learner import GRPOLearner, sampling_params, score
-from rl_core.algos.instability import UnstableUpdate
+from rl_core.config.agent_presets import build_agent_config
 from rl_core.data import read_tensors, write_tensors
 from rl_core.envs.agent import make_agent_env
 from rl_core.generation.torch_generator import TorchGenerator
+from rl_core.optim.instability import UnstableUpdate
 from tests.spawned_ranks import end_rank
 
 

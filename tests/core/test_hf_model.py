@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_core.agent_presets import build_agent_config
-from rl_core.algos.sft import demonstration_segment
-from rl_core.config import ConfigError
+from rl_core.algos.grpo.sft import demonstration_segment
+from rl_core.config.agent_presets import build_agent_config
+from rl_core.config.control import ConfigError
 from rl_core.envs.agent import make_agent_env
 from rl_core.policies.hf_model import inspect_causal_lm, load_causal_lm
 from tests.smollm2 import smollm2_gguf

@@ -10,7 +10,8 @@ import torch
 
 from rl_core.policies.char_tokenizer import CharTokenizer
 from rl_core.policies.kv_cache import KVCache
-from rl_core.policies.llama import LlamaLM, LlamaSpec
+from rl_core.policies.llama import LlamaLM
+from rl_core.policies.llama_spec import LlamaSpec
 from rl_core.policies.pretrained import load_pretrained, save_pretrained
 
 TOKENIZER = CharTokenizer("0123456789+-=")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from rl_core.algos.train_loop import train_in_process
-from rl_core.run_presets import build_config
-from rl_core.runtime.env_worker import acting_version
+from rl_core.algos.ppo.in_process import train_in_process
+from rl_core.config.control_presets import build_config
+from rl_core.runtime.control.env_worker import acting_version
 
 
 def test_acting_version_is_one_update_stale_with_overlap_only() -> None:
@@ -36,9 +36,9 @@ def test_overlap_changes_the_math_but_stays_reproducible(monkeypatch) -> None:
 def test_decoupled_batch_clips_against_the_current_policy_and_weights_by_behaviour() -> None:
     """Proximal log-probs replace the behaviour ones; weights are proximal/behaviour probability, at most 1."""
     from rl_core.algos.base import Spaces
-    from rl_core.algos.ppo import RolloutBatch, decoupled
-    from rl_core.algos.ppo_learner import PPOPolicy
-    from rl_core.config import PPOConfig
+    from rl_core.algos.ppo.learner import PPOPolicy
+    from rl_core.algos.ppo.update import RolloutBatch, decoupled
+    from rl_core.config.control import PPOConfig
 
     model = PPOPolicy(Spaces(5, 2), PPOConfig(), seed=0).model
     gen = torch.Generator().manual_seed(0)

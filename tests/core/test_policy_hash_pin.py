@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from rl_core.algos.train_loop import train_in_process
-from rl_core.run_presets import build_config
+from rl_core.algos.ppo.in_process import train_in_process
+from rl_core.config.control_presets import build_config
 
 PINNED = {
     "tiny": ({}, "47cadb5b294147fd14905eb2bb00366cc71b017519bd7edd8d3464a3a536ae1e"),

@@ -11,12 +11,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rl_core.algos.base import UpdateHooks
-from rl_core.algos.instability import UnstableUpdate
-from rl_core.algos.ppo import RolloutBatch, ppo_loss, ppo_update, summarize_epochs
-from rl_core.config import PPOConfig
+from rl_core.algos.ppo.update import RolloutBatch, ppo_loss, ppo_update, summarize_epochs
+from rl_core.config.control import PPOConfig
+from rl_core.config.threads import update_cores
 from rl_core.data import read_tensors, write_tensors
+from rl_core.optim.instability import UnstableUpdate
 from rl_core.policies.mlp import ActorCritic
-from rl_core.threads import update_cores
 from tests.spawned_ranks import end_rank
 
 CFG = PPOConfig(update_epochs=2, minibatch_size=64)

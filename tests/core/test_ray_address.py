@@ -61,7 +61,7 @@ def test_the_command_line_fails_fast_on_an_address_nothing_listens_on(tmp_path) 
     port = _closed_port()
     env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}"}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--preset", "tiny", "--iterations", "1",
+    done = subprocess.run([sys.executable, "-m", "flows.tooling.cli", "train", "--preset", "tiny", "--iterations", "1",
                            "--store", f"file://{tmp_path}/runs"], check=False, cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode != 0

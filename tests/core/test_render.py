@@ -1,4 +1,4 @@
-"""rl_core.algos.episode_video: a stored version's episodes as an MP4 or GIF in the run folder, and a clear error without GL."""
+"""rl_core.reporting.episode_video: a stored version's episodes as an MP4 or GIF in the run folder, and a clear error without GL."""
 from __future__ import annotations
 
 import ctypes.util
@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from rl_core.algos.base import build_learner, build_policy
-from rl_core.algos.episode_video import frame_rate, render_version
-from rl_core.algos.evaluation import EVAL_SEED_OFFSET
+from rl_core.algos.ppo.evaluation import EVAL_SEED_OFFSET
 from rl_core.checkpoint import CheckpointStore
+from rl_core.config.control_presets import build_config
 from rl_core.data import RunLayout
 from rl_core.data.run_info import open_run
 from rl_core.envs import make_batch
-from rl_core.run_presets import build_config
+from rl_core.reporting.episode_video import frame_rate, render_version
 from rl_core.runtime.commits import commit_initial
 from rl_core.seeding import derive_seed
 
@@ -113,7 +113,7 @@ def test_without_gl_rendering_says_what_to_install(tmp_path, set_gl, env_vars, b
     script = textwrap.dedent(f"""
         import os, sys
         from rl_core.data.run_info import load_run_config
-        from rl_core.algos.episode_video import RenderUnavailable, render_version
+        from rl_core.reporting.episode_video import RenderUnavailable, render_version
         cfg = load_run_config({cfg.storage.url!r}, {cfg.run_name!r})  # mujoco is imported by now, as in any run
         set_gl = {set_gl!r}
         if set_gl is not None:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from rl_core.algos.rollout import collect_rollout
+from rl_core.algos.ppo.collect import collect_rollout
 from rl_core.envs import make_batch
 from rl_core.policies.mlp import ActorCritic
 from rl_core.policies.normalizer import ObservationNormalizer

@@ -1,4 +1,4 @@
-"""Per-task PPO presets (rl_core/presets/ppo/<task>.yaml): shipped files validate, the measured tasks keep their
+"""Per-task PPO presets (rl_core/config/presets/ppo/<task>.yaml): shipped files validate, the measured tasks keep their
 values, and the layers resolve in order: PPOConfig defaults < task file < size preset < explicit
 `hyperparameters=`."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from rl_core import run_presets
-from rl_core.config import ConfigError, PPOConfig
+from rl_core.config import control_presets as run_presets
+from rl_core.config.control import ConfigError, PPOConfig
+from rl_core.config.control_presets import PRESET_DIR, build_config, task_preset
 from rl_core.data.run_info import load_run_config, open_run
-from rl_core.run_presets import PRESET_DIR, build_config, task_preset
 
 SHIPPED = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"]
 

@@ -14,7 +14,8 @@ from rl_core.generation.base import (
 from rl_core.generation.sampling import sampling_logprobs
 from rl_core.generation.torch_generator import TorchGenerator, inverse_cdf_sample
 from rl_core.policies.char_tokenizer import CharTokenizer
-from rl_core.policies.llama import LlamaLM, LlamaSpec
+from rl_core.policies.llama import LlamaLM
+from rl_core.policies.llama_spec import LlamaSpec
 
 TOKENIZER = CharTokenizer("0123456789+-=")
 SPEC = LlamaSpec(vocab_size=TOKENIZER.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

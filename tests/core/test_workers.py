@@ -12,10 +12,10 @@ import pytest
 
 from rl_core.algos.base import build_learner
 from rl_core.checkpoint import CheckpointStore
+from rl_core.config.control_presets import build_config
 from rl_core.data import RunLayout, read_tensors, write_tensors
-from rl_core.run_presets import build_config
 from rl_core.runtime.commits import commit_initial, commit_iteration, writer_store
-from rl_core.runtime.env_worker import EnvWorker
+from rl_core.runtime.control.env_worker import EnvWorker
 from rl_core.runtime.trainer import TrainerRank
 from tasks.score import score
 

@@ -5,9 +5,9 @@ import gymnasium
 import numpy as np
 import pytest
 
-from rl_core.config import ConfigError
+from rl_core.config.control import ConfigError
+from rl_core.config.control_presets import build_config
 from rl_core.envs import Task, get_task, make_batch, register_task
-from rl_core.run_presets import build_config
 
 
 def test_registered_by_importing_its_module_through_the_config() -> None:

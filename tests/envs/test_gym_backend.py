@@ -5,9 +5,9 @@ import gymnasium
 import numpy as np
 import pytest
 
-from rl_core.config import ConfigError
+from rl_core.config.control import ConfigError
+from rl_core.config.control_presets import build_config
 from rl_core.envs import GymnasiumBatch, make_batch
-from rl_core.run_presets import build_config
 
 
 def test_matches_plain_gymnasium_envs_across_episode_ends() -> None:

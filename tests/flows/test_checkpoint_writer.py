@@ -6,7 +6,7 @@ from prefect import flow, task
 
 import tasks.checkpoint_diff as checkpoint_diff_module
 from rl_core.checkpoint import CheckpointStore
-from rl_core.run_presets import build_config
+from rl_core.config.control_presets import build_config
 
 
 @task

@@ -36,7 +36,7 @@ def test_fake_credentials_reach_no_output_database_ray_file_or_stored_object(tmp
         s3.mkdir("leak-bucket")
         env = {**os.environ, **SECRETS, "AWS_ENDPOINT_URL": endpoint, "PREFECT_HOME": str(tmp_path / "prefect"),
                "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(tmp_path / "prefect" / "results"), "RAY_TMPDIR": str(ray_tmp)}
-        done = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--preset", "tiny", "--run-name", "leak",
+        done = subprocess.run([sys.executable, "-m", "flows.tooling.cli", "train", "--preset", "tiny", "--run-name", "leak",
                                "--store", "s3://leak-bucket/runs"], env=env, capture_output=True, check=False,
                               timeout=600)
         assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])

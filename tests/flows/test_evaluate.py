@@ -12,11 +12,11 @@ from prefect.artifacts import Artifact
 
 from flows.evaluate import evaluate_policy
 from rl_core.algos.base import build_learner
-from rl_core.algos.episode_video import render_version
 from rl_core.checkpoint import VersionNotFoundError
-from rl_core.config import ConfigError
+from rl_core.config.control import ConfigError
+from rl_core.config.control_presets import build_config
 from rl_core.data.run_info import open_run
-from rl_core.run_presets import build_config
+from rl_core.reporting.episode_video import render_version
 from rl_core.runtime.commits import commit_initial
 from tasks.render_video import video_markdown
 

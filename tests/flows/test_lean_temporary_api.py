@@ -19,7 +19,7 @@ import contextlib, json, sys, time
 import psutil
 from prefect import flow, get_client, task
 from prefect.settings import get_current_settings
-from flows.startup import api_for_the_run, start_temporary_api
+from flows.tooling.startup import api_for_the_run, start_temporary_api
 
 @task
 def double(x: int) -> int:
@@ -95,7 +95,7 @@ def test_a_temporary_api_records_no_task_runs_and_still_runs_the_flow(tmp_path) 
 def test_a_configured_api_keeps_its_records() -> None:
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
-    from flows.startup import api_for_the_run, start_temporary_api
+    from flows.tooling.startup import api_for_the_run, start_temporary_api
 
     with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
         api = start_temporary_api()
@@ -113,7 +113,7 @@ def test_a_temporary_api_that_cannot_start_is_a_clear_error(tmp_path, monkeypatc
     out, instead of waiting for the start-up timeout."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.startup import TemporaryApi
+    from flows.tooling.startup import TemporaryApi
 
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     (tmp_path / "uvicorn.py").write_text("raise SystemExit(7)\n")  # `python -m uvicorn` finds this one first

@@ -35,8 +35,8 @@ def _verified_policy(run_dir: Path, versions: int) -> str:
 def test_four_runs_in_parallel_on_one_store_equal_their_solo_runs(tmp_path) -> None:
     """Four `gymflow train` commands at once (each its own Prefect API and Ray) write four runs into one store;
     each run's final policy equals the same configuration trained alone, in one process."""
-    from rl_core.algos.train_loop import train_in_process
-    from rl_core.run_presets import build_config
+    from rl_core.algos.ppo.in_process import train_in_process
+    from rl_core.config.control_presets import build_config
 
     options = {"num_ranks": 1, "iterations": 3}
     solo = {seed: train_in_process(build_config("tiny", run_name=f"solo-{seed}", seed=seed, **options)).policy_sha256
@@ -44,7 +44,7 @@ def test_four_runs_in_parallel_on_one_store_equal_their_solo_runs(tmp_path) -> N
     assert len(set(solo.values())) == len(SEEDS)
     store = tmp_path / "runs"
     procs = {seed: subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "train", "--preset", "tiny", "--seed", str(seed), "--num-ranks", "1",
+        [sys.executable, "-m", "flows.tooling.cli", "train", "--preset", "tiny", "--seed", str(seed), "--num-ranks", "1",
          "--iterations", "3", "--run-name", f"parallel-{seed}", "--store", f"file://{store}"],
         env={**os.environ, "PREFECT_HOME": str(tmp_path / f"prefect-{seed}")}, cwd=REPO, start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for seed in SEEDS}

@@ -34,7 +34,7 @@ def _loopback(address: str) -> bool:
 
 @pytest.mark.parametrize("command", ["train", pytest.param("train-agent", marks=pytest.mark.chaos)])
 def test_a_run_opens_no_port_beyond_loopback(tmp_path, command) -> None:
-    cmd = [sys.executable, "-m", "flows.cli", command, "--preset", "tiny", "--iterations", "3", "--store",
+    cmd = [sys.executable, "-m", "flows.tooling.cli", command, "--preset", "tiny", "--iterations", "3", "--store",
            f"file://{tmp_path}/runs"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     root, seen = psutil.Process(proc.pid), set()

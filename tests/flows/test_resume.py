@@ -1,7 +1,7 @@
 """A failed run resumes from its last checkpoint and ends bit-identical to a run that never failed.
 
 Faults are injected through GYMFLOW_FAULTS (rl_core/runtime/faults.py), which the flow hands to its Ray
-actors; the SIGKILL test kills a real `python -m flows.cli train` process group mid-iteration.
+actors; the SIGKILL test kills a real `python -m flows.tooling.cli train` process group mid-iteration.
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_sigkill_mid_iteration_then_resume(tmp_path, reference) -> None:
     timed by polling landed anywhere from mid-commit of version 2 (a claim, now a test of its own in
     test_failed_flow_rerun_skips_completed_steps) to after the run's end."""
     store = f"file://{tmp_path}/runs"
-    cmd = [sys.executable, "-m", "flows.cli", "train", "--preset", "tiny", "--run-name", "killed",
+    cmd = [sys.executable, "-m", "flows.tooling.cli", "train", "--preset", "tiny", "--run-name", "killed",
            "--seed", str(SEED), "--iterations", str(ITERATIONS), "--store", store]
     faults = tmp_path / "faults"
     faults.mkdir()
@@ -142,7 +142,7 @@ def test_sigkill_of_the_main_process_alone_leaves_nothing_running_then_resume(tm
     import psutil
 
     store = f"file://{tmp_path}/runs"
-    cmd = [sys.executable, "-m", "flows.cli", "train", "--preset", "tiny", "--run-name", "oom",
+    cmd = [sys.executable, "-m", "flows.tooling.cli", "train", "--preset", "tiny", "--run-name", "oom",
            "--seed", str(SEED), "--iterations", str(ITERATIONS), "--store", store]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     versions = tmp_path / "runs" / "oom" / "checkpoints" / "versions"

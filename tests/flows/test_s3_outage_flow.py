@@ -23,8 +23,8 @@ KEYS = {"AWS_ACCESS_KEY_ID": "AKIAOUTAGEFLOW", "AWS_SECRET_ACCESS_KEY": "outage-
 def test_an_s3_outage_mid_run_is_recovered_bit_identical(s3_server: RestartableS3, tmp_path) -> None:
     import s3fs
 
-    from rl_core.algos.train_loop import train_in_process
-    from rl_core.run_presets import build_config
+    from rl_core.algos.ppo.in_process import train_in_process
+    from rl_core.config.control_presets import build_config
 
     undisturbed = train_in_process(build_config("quick", run_name="undisturbed", seed=0, num_ranks=1,
                                                 iterations=ITERATIONS))
@@ -32,7 +32,7 @@ def test_an_s3_outage_mid_run_is_recovered_bit_identical(s3_server: RestartableS
                            client_kwargs={"endpoint_url": s3_server.endpoint}, skip_instance_cache=True)
     fs.mkdir("outage")
     env = {**os.environ, **KEYS, "AWS_ENDPOINT_URL": s3_server.endpoint, "PREFECT_HOME": str(tmp_path / "prefect")}
-    cmd = [sys.executable, "-m", "flows.cli", "train", "--preset", "quick", "--seed", "0", "--num-ranks", "1",
+    cmd = [sys.executable, "-m", "flows.tooling.cli", "train", "--preset", "quick", "--seed", "0", "--num-ranks", "1",
            "--iterations", str(ITERATIONS), "--run-name", "outage", "--store", "s3://outage/runs"]
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)

@@ -125,7 +125,7 @@ def test_sigkill_of_the_process_group_mid_rollout_then_resume(tmp_path, referenc
     """The run stalls right after writing iteration 1's first chunk; the whole process group is SIGKILLed there;
     the same command finishes the run, keeping that chunk, bit-identical to the uninterrupted run."""
     store = f"file://{tmp_path}/runs"
-    cmd = [sys.executable, "-m", "flows.cli", "train-agent", "--preset", "tiny", "--run-name", "killed",
+    cmd = [sys.executable, "-m", "flows.tooling.cli", "train-agent", "--preset", "tiny", "--run-name", "killed",
            "--seed", str(SEED), "--store", store]
     faults = tmp_path / "faults"
     faults.mkdir()

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from rl_core.checkpoint import CheckpointStore
-from rl_core.config import ConfigError
+from rl_core.config.control import ConfigError
 from tests.flows.flow_helpers import check_run_artifacts
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api", "local_ray")]
@@ -89,8 +89,8 @@ def test_a_run_continues_on_another_number_of_env_workers(tmp_path, monkeypatch)
     global env order) and computes what the never re-split run computes (the in-process loop, whose weights the flow
     matches bit for bit); a continuation with another number of envs is refused. Reference kernels: tuned winners
     may differ between batch sizes of 4 and 8."""
-    from rl_core.algos.train_loop import train_in_process
-    from rl_core.run_presets import build_config
+    from rl_core.algos.ppo.in_process import train_in_process
+    from rl_core.config.control_presets import build_config
 
     monkeypatch.setenv("GYMFLOW_KERNELS", "reference")
     _run(tmp_path, run_name="r", iterations=1, num_ranks=1)  # the tiny preset: 2 workers x 4 envs
@@ -110,9 +110,9 @@ def test_command_line_stops_the_actors_it_started_when_the_run_is_refused(tmp_pa
     the command line: the SIGKILL test in test_resume.py.)"""
     import ray
 
-    from flows.cli import main
+    from flows.tooling.cli import main
+    from rl_core.config.control_presets import build_config
     from rl_core.data.run_info import open_run
-    from rl_core.run_presets import build_config
 
     store = f"file://{tmp_path}/runs"
     open_run(build_config("tiny", run_name="cli", store=store))  # an existing run, seed 0
@@ -139,8 +139,8 @@ def test_the_flow_computes_what_rl_core_computes_in_one_process(tmp_path, overla
     3 iterations, so a lag of another length in either would show."""
     import torch
 
-    from rl_core.algos.train_loop import train_in_process
-    from rl_core.run_presets import build_config
+    from rl_core.algos.ppo.in_process import train_in_process
+    from rl_core.config.control_presets import build_config
 
     threads = torch.get_num_threads()
     flow = _run(tmp_path, run_name="orchestrated", seed=5, num_ranks=1, overlap=overlap, iterations=3)
@@ -180,7 +180,7 @@ def test_a_second_flow_on_a_run_in_progress_stops_naming_the_first_and_changes_n
     store = f"file://{tmp_path}/runs"
     env = {**os.environ, "GYMFLOW_FAULTS": "train.epoch_end:iteration=1,rank=0,epoch=1,action=stall",
            "GYMFLOW_FAULT_DIR": str(tmp_path)}
-    first = subprocess.Popen([sys.executable, "-m", "flows.cli", "train", "--preset", "tiny", "--run-name", "busy",
+    first = subprocess.Popen([sys.executable, "-m", "flows.tooling.cli", "train", "--preset", "tiny", "--run-name", "busy",
                               "--iterations", "3", "--store", store], env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

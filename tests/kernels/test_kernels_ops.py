@@ -98,10 +98,10 @@ def test_detached_loss_is_rejected() -> None:
 
 
 def test_ppo_loss_reference_is_bit_identical_to_the_trainers_loss(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kernel reference repeats the readable loss of rl_core/algos/ppo.py op for op (nothing tuned: that loss
+    """The kernel reference repeats the readable loss of rl_core/algos/ppo/update.py op for op (nothing tuned: that loss
     runs itself), so an untuned run and one pinned to references compute the same bits."""
-    from rl_core.algos.ppo import RolloutBatch, ppo_loss
-    from rl_core.config import PPOConfig
+    from rl_core.algos.ppo.update import RolloutBatch, ppo_loss
+    from rl_core.config.control import PPOConfig
     from rl_core.policies.mlp import ActorCritic
 
     monkeypatch.setenv("GYMFLOW_KERNELS", "reference")
@@ -131,8 +131,8 @@ def test_ppo_loss_reference_is_bit_identical_to_the_trainers_loss(monkeypatch: p
 def test_ppo_loss_fast_path_is_the_tuned_kernel_called_by_keyword(winner: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where a winner is tuned, rl_core's `ppo_loss` runs it (its fast path): same loss, statistics and gradients
     within the verifier's tolerance."""
-    from rl_core.algos import ppo
-    from rl_core.config import PPOConfig
+    from rl_core.algos.ppo import update as ppo
+    from rl_core.config.control import PPOConfig
     from rl_core.policies.mlp import ActorCritic
 
     torch.manual_seed(0)
@@ -156,8 +156,8 @@ def test_ppo_loss_fast_path_is_the_tuned_kernel_called_by_keyword(winner: str, m
 def test_ppo_grad_reference_is_bit_identical_to_the_trainers_autograd_path() -> None:
     """The update's fused route (`ppo_grad`, reference chosen) and its autograd route for other model shapes give
     the same bits, so which route a model takes changes nothing but speed; a tuned winner stays within 1e-5."""
-    from rl_core.algos import ppo
-    from rl_core.config import PPOConfig
+    from rl_core.algos.ppo import update as ppo
+    from rl_core.config.control import PPOConfig
     from rl_core.policies.mlp import ActorCritic
 
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""`make ui` / `make ui-stop` (python -m flows.ui_stack): server, pool, deployments and a worker come up on a free
+"""`make ui` / `make ui-stop` (python -m flows.tooling.ui_stack): server, pool, deployments and a worker come up on a free
 loopback port; a second start says so; a taken port is named; stop ends exactly what start recorded."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import ui_stack
+from flows.tooling import ui_stack
 from tests.prefect_server import REPO, api_post, free_port, prefect
 
 pytestmark = pytest.mark.slow
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def _ui_stack(args: list[str], home: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "GYMFLOW_UI_HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "flows.ui_stack", *args], env=env, cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "flows.tooling.ui_stack", *args], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=600, check=False)
 
 

@@ -1,0 +1,122 @@
+"""Presets and `build_config`: from launch options (flat, as a person gives them) to a validated ControlRunConfig.
+
+Values come in layers, later ones winning. Run and section fields: the models' defaults, the size preset
+(`PRESETS`), then the launch options given. Algorithm fields: the algorithm's defaults, the task's preset file
+(`presets/<algorithm>/<task>.yaml`), the size preset's values for that algorithm, then explicit `hyperparameters`.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from rl_core.config.control import (
+    ConfigError,
+    ControlRunConfig,
+    EnvConfig,
+    algorithm_config_class,
+    format_validation_error,
+)
+from rl_core.config.launch_options import launch_options, nest_options
+from rl_core.envs.randomization import DynamicsRandomization
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Learns HalfCheetah on a 2-core machine in a few minutes (see README for measured figures).
+    "quick": {"iterations": 100},
+    # The nightly run: 6x longer, same shapes.
+    "full": {"iterations": 600},
+    # Seconds: for tests and smoke runs; does not learn. Saves update progress at every epoch, so fault drills
+    # can resume mid-update.
+    "tiny": {"iterations": 2, "eval_episodes": 1, "env": {"envs_per_worker": 4, "rollout_steps": 16},
+             "storage": {"epoch_checkpoint_min_s": 0.0},
+             "algorithm": {"ppo": {"minibatch_size": 32, "update_epochs": 2}}},
+}
+
+# Per-task hyper-parameters: `<algorithm>/<task name>.yaml`, keys = that algorithm's config fields (package data).
+PRESET_DIR = Path(__file__).with_name("presets")
+
+
+def task_preset(algorithm: str, env: str, preset_dir: Path | None = None) -> dict[str, Any]:
+    """The validated values of `env`'s preset file for `algorithm`; {} for a task without one."""
+    model = algorithm_config_class(algorithm)
+    folder = Path(preset_dir or PRESET_DIR) / algorithm
+    files = {p.stem: p for p in folder.glob("*.yaml")}  # by listing: never a path made from `env`
+    path = files.get(env) if isinstance(env, str) else None
+    if path is None:
+        return {}
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping of {model.__name__} fields, found {type(values).__name__}")
+    fields = [f for f in model.model_fields if f != "name"]
+    unknown = sorted(str(k) for k in values if k not in fields)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                          f"a task preset holds {model.__name__} fields only: {', '.join(fields)}")
+    try:
+        checked = model.model_validate(values)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, f"{path}: invalid {algorithm} preset:")) from None
+    return {k: getattr(checked, k) for k in values}
+
+
+def default_run_name(env: str, preset: str, seed: int) -> str:
+    """`HalfCheetah-v5-quick-s0`: rerunning the same command continues (or re-reports) the same run.
+
+    Characters a run folder name cannot hold (`gym:Pendulum-v1`) become '-'.
+    """
+    return re.sub(r"[^A-Za-z0-9._-]", "-", f"{env}-{preset}-s{seed}")
+
+
+def build_config(preset: str = "quick", *, hyperparameters: dict[str, Any] | None = None,
+                 randomize_dynamics: float | None = None, **options: Any) -> ControlRunConfig:
+    """The run's configuration from a size preset and launch options (`launch_options()`; None: not given).
+
+    `hyperparameters` overrides the algorithm's fields, over its task preset file and the size preset's values; the
+    launch options every algorithm has (`nonfinite_limit`) override those.
+    """
+    if preset not in PRESETS:
+        raise ConfigError(f"preset: unknown preset {preset!r}; allowed: {', '.join(PRESETS)}")
+    try:
+        given = nest_options(options)
+    except TypeError as err:
+        raise ConfigError(str(err)) from None
+    layered = copy.deepcopy({k: v for k, v in PRESETS[preset].items() if k != "algorithm"})
+    for key, value in given.items():
+        if isinstance(value, dict) and key in ControlRunConfig.SECTIONS:  # a section: merged into the preset's
+            layered.setdefault(key, {}).update(value)
+        else:
+            layered[key] = value
+    randomization = _randomization(randomize_dynamics)
+    if randomization is not None:
+        layered.setdefault("env", {})["randomization"] = randomization
+    env = layered.get("env", {}).get("name", EnvConfig.model_fields["name"].default)
+    algorithm = given.get("algorithm", {}).get("name", "ppo")
+    seed = layered.get("seed", ControlRunConfig.model_fields["seed"].default)
+    layered.setdefault("run_name", default_run_name(env, preset, seed))
+    try:
+        layered["algorithm"] = {"name": algorithm, **task_preset(algorithm, env),
+                                **PRESETS[preset].get("algorithm", {}).get(algorithm, {}), **(hyperparameters or {}),
+                                **given.get("algorithm", {})}  # a launch option (a flag) over all of them
+        return ControlRunConfig(**layered)
+    except ValidationError as err:
+        flags = {".".join(o.path): o.name for o in launch_options().values() if o.path}
+        raise ConfigError(format_validation_error(err, flags=flags)) from None
+    except ValueError as err:  # an unknown algorithm or env module, raised before any field validates
+        raise ConfigError(f"invalid run configuration: {err}") from None
+
+
+def _randomization(fraction: float | None) -> DynamicsRandomization | None:
+    """The symmetric randomization of `fraction` (None or 0: none), with a ConfigError for a bad value."""
+    if not fraction:
+        return None
+    try:
+        return DynamicsRandomization.symmetric(fraction)
+    except ValueError as err:
+        raise ConfigError(f"randomize_dynamics: {err}") from None

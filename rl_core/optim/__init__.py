@@ -1,0 +1,1 @@
+"""Optimizer code shared by both flows: the Adam fast path, flat gradients, the instability guard."""
