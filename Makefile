@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train train-agent test chaos load bench-recovery bench vllm-cpu clean
+.PHONY: install train train-agent test chaos load bench-recovery bench vllm-cpu docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -73,8 +73,14 @@ bench: install
 	$(PY) bench/kernels.py
 	$(PY) bench/simulate.py
 
+# The documentation site (mkdocs.yml, docs/) into site/. --strict: a broken link, a missing page or an API reference
+# that no longer resolves fails the build (make test builds it too: tests/test_docs.py). NO_MKDOCS_2_WARNING quiets
+# mkdocs-material's banner about its successor.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache site
 
 # The Prefect UI with gymflow's deployments and a worker on http://127.0.0.1:$(UI_PORT) (flows/tooling/ui_stack.py; state,
 # logs and Prefect's database under .gymflow-ui/); make ui-stop stops exactly the processes it started.

@@ -48,15 +48,17 @@ from rl_core.algos.ppo.advantages import score_experience  # noqa: E402
 from rl_core.algos.ppo.collect import collect_rollout  # noqa: E402
 from rl_core.algos.ppo.learner import PPOLearner  # noqa: E402
 from rl_core.algos.ppo.update import RolloutBatch, ppo_update  # noqa: E402
-from rl_core.config.agent_presets import build_agent_config  # noqa: E402
 from rl_core.config.control import PPOConfig  # noqa: E402
-from rl_core.config.control_presets import build_config  # noqa: E402
+from rl_core.config.presets import (
+    build_agent_config,  # noqa: E402
+    build_control_config,  # noqa: E402
+)
 from rl_core.envs import make_batch  # noqa: E402
 from rl_core.seeding import action_noise  # noqa: E402
 
 TASK, WORKERS, ENVS, STEPS = "HalfCheetah-v5", 2, 32, 128
 """The quick preset on HalfCheetah."""
-QUICK = build_config("quick", run_name="bench-kernels", env=TASK, num_workers=WORKERS, envs_per_worker=ENVS,
+QUICK = build_control_config("quick", run_name="bench-kernels", env=TASK, num_workers=WORKERS, envs_per_worker=ENVS,
                      rollout_steps=STEPS)
 ITERATION_OPS = {op: shape for op, (shape, _) in hot_ops(QUICK).items()}
 """What the iteration dispatches, at its shapes (one process, so a minibatch is not split across ranks)."""

@@ -62,7 +62,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 from bench.intervals import compare  # noqa: E402
 from rl_core.algos.ppo.in_process import train_in_process  # noqa: E402
 from rl_core.config.control import ControlRunConfig  # noqa: E402
-from rl_core.config.control_presets import build_config  # noqa: E402
+from rl_core.config.presets import build_control_config  # noqa: E402
 from rl_core.reporting.metric_sinks import read_metrics  # noqa: E402
 
 EVAL_EPISODES = 10
@@ -70,8 +70,8 @@ EVAL_EPISODES = 10
 
 def config(task: str, seed: int, budget: int, store: str, overlap: bool) -> ControlRunConfig:
     """The quick preset's shapes with as many iterations as the budget allows, one trainer rank."""
-    batch = build_config("quick", run_name="probe", env=task).batch_size
-    return build_config("quick", run_name=f"bench-{task}-s{seed}{'-overlap' * overlap}", env=task, seed=seed,
+    batch = build_control_config("quick", run_name="probe", env=task).batch_size
+    return build_control_config("quick", run_name=f"bench-{task}-s{seed}{'-overlap' * overlap}", env=task, seed=seed,
                         num_ranks=1, overlap=overlap,
                         iterations=max(1, budget // batch), eval_episodes=EVAL_EPISODES, store=store)
 

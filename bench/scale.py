@@ -38,9 +38,9 @@ import ray
 # says why), which leaves it as it is when bench/simulate.py imports this module.
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from rl_core.config.control_presets import build_config  # noqa: E402
+from rl_core.config.presets import build_control_config  # noqa: E402
 from rl_core.runtime.control.env_pool import EnvWorkerPool  # noqa: E402
-from rl_core.runtime.local_ray import ensure_ray  # noqa: E402
+from rl_core.runtime.local_ray import actor_cpus, ensure_ray  # noqa: E402
 
 ACTOR_MEMORY_GB = 0.25  # measured Pss of one started env-worker actor is ~0.21 GB (8 actors); keep a margin
 ENV_MEMORY_GB = 180 / 2**20  # GiB; measured ~179 KiB per HalfCheetah env, ~167 KiB of it MjData whatever the model
@@ -92,12 +92,12 @@ def wait_until_gone(pids: list[int], timeout_s: float = 60.0) -> None:
 def scale_once(num_envs: int, workers: int, seconds: float, store: str) -> dict[str, float]:
     """From zero (no Ray) to the first batch step of `num_envs` HalfCheetahs on `workers` env-worker actors, then
     the actors' Pss and the env steps per second of random actions. Shuts its Ray down before returning."""
-    cfg = build_config("tiny", run_name=f"bench-scale-{num_envs}", store=store, env="HalfCheetah-v5",
+    cfg = build_control_config("tiny", run_name=f"bench-scale-{num_envs}", store=store, env="HalfCheetah-v5",
                        num_workers=workers, envs_per_worker=num_envs // workers, num_ranks=1,
                        hyperparameters={"minibatch_size": 16})  # divides every batch; nothing is trained here
     available_before = available_gb()
     start = time.perf_counter()
-    ensure_ray(cfg.actor_cpus)
+    ensure_ray(actor_cpus(cfg))
     ray_s = time.perf_counter() - start
     pool, pids = EnvWorkerPool(cfg), []
     try:

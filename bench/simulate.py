@@ -61,7 +61,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench import scale  # noqa: E402
 from bench.scale import ACTOR_MEMORY_GB, SCALE_SIZES, available_gb  # noqa: E402
-from rl_core.config.control_presets import build_config  # noqa: E402
+from rl_core.config.presets import build_control_config  # noqa: E402
 from rl_core.envs import BatchedMujocoEnv, get_task  # noqa: E402
 from rl_core.envs.task import load_model  # noqa: E402
 from rl_core.runtime.control.env_pool import EnvWorkerPool  # noqa: E402
@@ -204,7 +204,7 @@ def pool_startup(sizes: list[int], max_actors: int) -> dict[str, float | str]:
     ensure_ray(max(sizes) + 2)  # logical CPUs: actors ask for one each
     results: dict[str, float | str] = {}
     with tempfile.TemporaryDirectory(prefix="gymflow-bench-pool-") as store:
-        cfg = build_config("tiny", run_name="bench-pool", store=f"file://{store}", num_workers=2,
+        cfg = build_control_config("tiny", run_name="bench-pool", store=f"file://{store}", num_workers=2,
                            envs_per_worker=max(sizes) // 2, num_ranks=1)
         pool = EnvWorkerPool(cfg)
         try:

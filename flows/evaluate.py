@@ -17,8 +17,10 @@ import fsspec
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 
-from rl_core.algos.ppo.evaluation import evaluate_version
-from rl_core.config.control import ConfigError, ControlRunConfig
+from rl_core.algos.ppo.evaluation import evaluate_control_version
+from rl_core.algos.preflight import preflight
+from rl_core.config.common import ConfigError
+from rl_core.config.control import ControlRunConfig
 from rl_core.data.run_info import load_run_config
 from rl_core.reporting.episode_video import FORMATS
 from tasks.render_video import render_video
@@ -29,7 +31,7 @@ RETRIES = 2
 @task(name="evaluate_version", retries=RETRIES)
 def evaluate_version_task(cfg: ControlRunConfig, version: int | None, episodes: int) -> dict:
     """Deterministic-policy episodes of one version (None: the newest loadable)."""
-    return evaluate_version(cfg, version, episodes)
+    return evaluate_control_version(cfg, version, episodes)
 
 
 def record(cfg: ControlRunConfig, result: dict) -> str:
@@ -50,7 +52,7 @@ def evaluate_policy(run_name: str, store: str = "file://./runs", version: int | 
         raise ConfigError(f"episodes: must be >= 1 (got {episodes})")
     if video and video_format not in FORMATS:
         raise ConfigError(f"video_format: {video_format!r} is not one of {', '.join(FORMATS)}")
-    cfg = load_run_config(store, run_name)
+    cfg = preflight(load_run_config(store, run_name))
     result = evaluate_version_task(cfg, version, episodes)
     result["record"] = record(cfg, result)
     create_table_artifact(

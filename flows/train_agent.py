@@ -1,8 +1,8 @@
 """LLM-agent RL (GRPO on text tasks) as a Prefect flow: the readable plan of one agent run.
 
     kernel_autotune                         once (cached per machine and library versions)
-    checkpoint_init                         where the run stands; a new run first runs sft_warm_start (its own
-                                            cached step: SFT on the env's demonstrations) and commits it as v0
+    checkpoint_init                         where the run stands
+    sft_warm_start                          a new run only: SFT on the env's demonstrations, committed as v0
     evaluate(v0)                            held-out accuracy of the warm start
     for each iteration i from there:
         rollout(i, v_i)       -> trajectories        (the generator actor samples; episodes are plain Python;
@@ -16,7 +16,9 @@ With `max_staleness` S >= 1, rollout(i+1) starts when train_shard(i) does, sampl
 so the generator and the trainer ranks work at the same time; the update corrects for the lag (decoupled PPO with
 truncated importance weights, `rl_core/algos/grpo/update.py`).
 
-The steps after rollout are the control flow's own tasks: they reach GRPO through the algorithm seam. The flow's
+The steps after rollout are the control flow's own tasks: they reach GRPO through the algorithm seam, as the flow
+does for the version each rollout samples from. Each commit lands before the next iteration starts (the run's
+`CommitPipeline`, without overlap): the next rollout's generator syncs weights from committed versions only. The flow's
 parameters are the agent run's launch options (`rl_core.config.launch_options.agent_launch_options`); `gymflow train-agent`
 runs it from a terminal, `prefect deployment run 'train-agent/agent-train'` through a worker.
 """
@@ -30,22 +32,24 @@ from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.run import progress
+from flows.run.commit_pipeline import CommitPipeline
 from flows.run.parameters import with_launch_options
 from flows.run.report import RunReport, numbers
 from flows.run.start import start_run
 from flows.run.store_credentials import CREDENTIALS_BLOCK
-from rl_core.algos.grpo.phases import behaviour_version
-from rl_core.config.agent_presets import build_agent_config
+from rl_core.algos.base import algorithm_of
 from rl_core.config.launch_options import agent_launch_options
+from rl_core.config.presets import build_agent_config
 from rl_core.data.storage_report import storage_report
 from rl_core.iteration_clock import IterationClock, StepWaits
 from rl_core.runtime.agent.actors import AgentActors
 from tasks.caching import step_incarnation
-from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init, release_flow_run_writer
+from tasks.checkpoint_diff import checkpoint_diff, checkpoint_init
 from tasks.evaluate import evaluate
 from tasks.kernel_autotune import kernel_autotune
 from tasks.rollout import rollout
 from tasks.score import score
+from tasks.sft_warm_start import sft_warm_start
 from tasks.train_shard import train_shard
 
 
@@ -63,11 +67,17 @@ def train_agent(**options: Any) -> dict:
     actors = AgentActors(cfg)
     parity: list[float] = []
     report: RunReport | None = None
+    commits: CommitPipeline | None = None
     warm = final = None
     try:
         tuning = kernel_autotune(cfg)
         actors.start()
-        start = checkpoint_init(cfg, actors, run.incarnation)
+        start = checkpoint_init(cfg, actors)
+        if start["version"] is None:  # a new run: version 0 is the warm start
+            warm_start = sft_warm_start(cfg, actors, run.incarnation)
+            start = checkpoint_init(cfg, actors, warm_start["staged"])
+        commits = CommitPipeline(cfg, checkpoint_diff)
+        behaviour_version = algorithm_of(cfg).behaviour_version
         version, incarnation = start["version"], step_incarnation(run.incarnation, start)
         warm = evaluate(cfg, actors, incarnation, 0)
         logger.info("warm start (v0): held-out accuracy %.3f, mean reward %.3f", warm["accuracy"], warm["mean_reward"])
@@ -89,9 +99,8 @@ def train_agent(**options: Any) -> dict:
                                      behaviour_version(cfg, iteration + 1)) if ahead else None
             with waits("train"):
                 trained = [s.result() for s in shards]
-            with waits("checkpoint"):
-                committed = checkpoint_diff(cfg, incarnation, iteration, version, trained[0]["staged"],
-                                            rolled["trajectories"])
+            commits.add(cfg, incarnation, iteration, version, trained[0]["staged"], rolled["trajectories"])
+            committed = commits.land(waits).committed
             version = committed["version"]
             metrics = trained[0]
             parity.append(metrics.get("logprob_parity_max", math.nan))  # absent when no sample is fresh
@@ -108,7 +117,8 @@ def train_agent(**options: Any) -> dict:
                               "checkpoint_bytes": committed["encoded_bytes"], "iteration_s": seconds})
         final = evaluate(cfg, actors, incarnation, version)
     finally:
-        release_flow_run_writer()
+        if commits is not None:
+            commits.close()
         actors.release()
         lease.release()
         if report is not None:

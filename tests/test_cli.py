@@ -9,7 +9,7 @@ import pytest
 
 from flows.tooling.cli import main
 from rl_core.checkpoint import CheckpointStore
-from rl_core.config.control_presets import build_config
+from rl_core.config.presets import build_control_config
 from rl_core.data import RunLayout
 from rl_core.data.run_info import open_run
 from rl_core.reporting import RunMetricsSink
@@ -43,7 +43,7 @@ def test_bad_usage_exits_2(capsys) -> None:
 
 
 def _stored_run(store: str, name: str, versions: int) -> None:
-    cfg = build_config("tiny", run_name=name, store=store)
+    cfg = build_control_config("tiny", run_name=name, store=store)
     open_run(cfg)
     checkpoints = CheckpointStore(RunLayout(cfg.run_url).checkpoints)
     sink = RunMetricsSink(cfg.run_url)
@@ -99,7 +99,7 @@ def test_a_flow_on_a_memory_store_is_refused_before_anything_starts(tmp_path, ca
 def test_a_run_that_rerunning_cannot_fix_gets_no_rerun_hint(tmp_path) -> None:
     """A truncated run.json: the error says what to do (restore it or start another run name), so the command does
     not add its usual "rerun the same command" line; exit status 1 (the run failed)."""
-    open_run(build_config("tiny", run_name="cut", store=f"file://{tmp_path}"))
+    open_run(build_control_config("tiny", run_name="cut", store=f"file://{tmp_path}"))
     run_json = tmp_path / "cut" / "run.json"
     run_json.write_bytes(run_json.read_bytes()[:40])
     done = subprocess.run([sys.executable, "-m", "flows.tooling.cli", "train", "--preset", "tiny", "--run-name", "cut",

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from prefect.blocks.core import Block
 
-from rl_core.config.control import ConfigError
+from rl_core.config.common import ConfigError
 
 CREDENTIALS_BLOCK = {"store_credentials_block": (
     Optional[str], None, "Prefect block with the store's S3 credentials: secret/<name> or aws-credentials/<name> "

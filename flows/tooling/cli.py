@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     # Registered before a flow starts Prefect's temporary server, so it runs after that server's exit-time
     # shutdown message: the JSON stays the last line of output.
     atexit.register(lambda: last_line and print(last_line[0], flush=True))
-    from rl_core.config.control import ConfigError
+    from rl_core.config.common import ConfigError
     from rl_core.data.run_info import RunInfoError
     from rl_core.data.run_lease import RunBusy
 
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args: argparse.Namespace) -> dict[str, Any]:
     from flows.run import progress
     from flows.tooling.summary import print_summary
-    from rl_core.config.control_presets import build_config
+    from rl_core.config.presets import build_control_config
 
     def actors_of(cfg: Any) -> Any:
         from rl_core.runtime.control.actors import ControlActors
@@ -167,7 +167,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
 
         return train_control
 
-    summary = _run_flow(args, launch_options(), build_config, actors_of, load_flow, progress.CONTROL_COLUMNS,
+    summary = _run_flow(args, launch_options(), build_control_config, actors_of, load_flow, progress.CONTROL_COLUMNS,
                         print_summary)
     return {**{k: summary[k] for k in SUMMARY_KEYS}, "checkpoint_bytes": summary["checkpoints"]["stored_bytes"]}
 
@@ -175,7 +175,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
 def _train_agent(args: argparse.Namespace) -> dict[str, Any]:
     from flows.run import progress
     from flows.tooling.summary import print_agent_summary
-    from rl_core.config.agent_presets import build_agent_config
+    from rl_core.config.presets import build_agent_config
 
     def actors_of(cfg: Any) -> Any:
         from rl_core.runtime.agent.actors import AgentActors
@@ -204,20 +204,21 @@ def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: C
 
     from flows.run import progress
     from flows.tooling.orphan_guard import guard
-    from rl_core.config.control import require_shared_store
+    from rl_core.algos.preflight import preflight
+    from rl_core.config.common import require_shared_store
 
     started = time.perf_counter()
     console = Console(stderr=False)
     options = {name: getattr(args, name) for name in table}
-    cfg = build(**options)  # fails here, before anything starts, on a bad value
+    cfg = preflight(build(**options))  # fails here, before anything starts, on a bad value
     require_shared_store(cfg.storage.url)
     guard()  # what this command starts (Prefect's temporary API, Ray) ends with it, even when it is SIGKILLed
     # A credentials block is read through the API, and Ray's workers must start with what it holds: then the flow
     # starts Ray itself, once the credentials are exported.
     if not args.store_credentials_block:
-        from rl_core.runtime.local_ray import start_ray_in_background
+        from rl_core.runtime.local_ray import actor_cpus, start_ray_in_background
 
-        start_ray_in_background(cfg.actor_cpus)  # while this thread imports torch and Prefect (flows/tooling/startup.py)
+        start_ray_in_background(actor_cpus(cfg))  # while this thread imports torch and Prefect (tooling/startup.py)
     from flows.tooling.startup import api_for_the_run, start_temporary_api
 
     api = start_temporary_api()

@@ -6,6 +6,13 @@ candidate can be built on demand the first time it is tried. Libraries land in `
 hash because libraries are built with -march=native (AVX2/FMA where present), which another CPU may not run. Any
 reason a library cannot be had (no compiler, no ninja, failed build) is reported as `CandidateUnavailable`, never as
 a wrong answer.
+
+The sources are files in `csrc/` (packaged with the wheel): one `.cpp` per kernel, and `.h` files for code two
+kernels share (`mlp_layers.h`, `two_halves.h`). `cpp_source` turns a kernel's file into the one text `load_inline`
+compiles: each `#include "<file>"` line replaced by that csrc file's text, once per file. A file's opening `//`
+comment lines and a header's `#pragma once` are left out of that text; the compiler would ignore them anyway, and
+so the text is what the kernels' Python strings held before the files existed: the same build hash (no rebuild),
+the same source hash for tuned winners (no re-tune), the same bits.
 """
 
 from __future__ import annotations
@@ -16,14 +23,44 @@ import ctypes
 import functools
 import hashlib
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from gymflow_kernels.cache import cache_dir, cpu_signature
 from gymflow_kernels.registry import CandidateUnavailable
+
+CSRC = Path(__file__).parent / "csrc"
+"""The kernels' C++ sources."""
+
+_LOCAL_INCLUDE = re.compile(r'#include "([^"]+)"')
+
+
+def cpp_source(filename: str) -> str:
+    """The text `load_inline` compiles for csrc/`filename`: its `#include "..."` lines replaced by those csrc files'
+    text (each file once), opening `//` comment lines and `#pragma once` left out (see the module's docstring)."""
+    return _expand(filename, set())
+
+
+def _expand(filename: str, included: set[str]) -> str:
+    if filename in included:
+        return ""
+    included.add(filename)
+    lines = (CSRC / filename).read_text(encoding="utf-8").splitlines(keepends=True)
+    start = 0
+    while start < len(lines) and lines[start].startswith("//"):
+        start += 1
+    if start < len(lines) and lines[start].strip() == "#pragma once":
+        start += 1
+    text = []
+    for line in lines[start:]:
+        match = _LOCAL_INCLUDE.match(line)
+        text.append(_expand(match.group(1), included) if match else line)
+    return "".join(text)
 
 
 def load_function(name: str, source: str, symbol: str, argtypes: tuple) -> Callable[..., None]:

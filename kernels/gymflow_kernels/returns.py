@@ -17,7 +17,7 @@ from gymflow_kernels.compiled import compiled
 from gymflow_kernels.gae import EDGE_CASES as GAE_EDGE_CASES
 from gymflow_kernels.gae import TRITON_SOURCE, blocked_scan, doubling_scan, random_dones, triton_backward_scan
 from gymflow_kernels.inputs import next_pow2, place
-from gymflow_kernels.native import F64, I64, PTR, float32_cpu, load_function
+from gymflow_kernels.native import F64, I64, PTR, cpp_source, float32_cpu, load_function
 from gymflow_kernels.registry import Op, candidate, register
 
 
@@ -63,22 +63,7 @@ def returns_blocked(rewards: Tensor, dones: Tensor, next_value: Tensor, gamma: f
     return blocked_scan(*_bootstrapped(rewards, dones, next_value, gamma))
 
 
-_CPP_SOURCE = r"""
-#include <cstdint>
-
-// Backward discounted-return scan over contiguous float32 [T, N] buffers; C entry point for ctypes.
-extern "C" void gymflow_returns(const float* r, const float* d, const float* next_value, float* out,
-                                std::int64_t T, std::int64_t N, double gamma) {
-  const float g = static_cast<float>(gamma);
-  for (std::int64_t t = T - 1; t >= 0; --t) {
-    const float* next = t == T - 1 ? next_value : out + (t + 1) * N;
-    const std::int64_t row = t * N;
-    for (std::int64_t n = 0; n < N; ++n) {
-      out[row + n] = r[row + n] + g * (1.0f - d[row + n]) * next[n];
-    }
-  }
-}
-"""
+_CPP_SOURCE = cpp_source("returns.cpp")
 
 
 @candidate(source=_CPP_SOURCE)

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import numpy as np
 import torch
 
+from rl_core.data.tensorfile import Tensors
+
 if TYPE_CHECKING:
     from rl_core.config.control import ControlRunConfig
 
-Tensors = dict[str, np.ndarray]
-"""Named arrays: what steps hand each other through the store and what a checkpoint holds."""
 Epochs = list[dict[str, float]]
 """Per-epoch metrics of an update, in order."""
 AllReduceMean = Callable[[torch.Tensor], None]
@@ -119,6 +119,12 @@ class Algorithm:
     """Whether a new run's version 0 is the learner after its `warm_start()` (GRPO: SFT) instead of as built."""
     uses_spaces: bool = True
     """Whether its builders need the MuJoCo task's observation and action sizes (`env_spaces`); else they get None."""
+    behaviour_version: Callable[[Any, int], int] = lambda cfg, iteration: iteration
+    """(cfg, iteration) -> the policy version that acts in (collects or samples) iteration `iteration`: the version it
+    trains from, or with overlap or staleness the one before. A rule, not a mode: a retried step asks the same."""
+    check: Callable[["ControlRunConfig"], None] | None = None
+    """The algorithm's part of the preflight (`rl_core.algos.preflight`): raises a `FieldProblem` naming what the
+    world refuses (a model file, a backend); called once per process by the edges, never by the actors."""
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}

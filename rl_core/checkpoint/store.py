@@ -37,9 +37,9 @@ import json
 import os
 import threading
 from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np

@@ -1,8 +1,7 @@
-"""Configuration of an LLM-agent run (GRPO on text tasks): one pydantic model per section, like `ControlRunConfig`.
-
-`AgentRunConfig` keeps the attribute names the shared runtime reads (`run_name`, `seed`, `iterations`,
-`num_ranks`, `storage`, `algorithm`, `env.num_workers`, `collective_timeout_s`, `run_url`), so the trainer group,
-the checkpoint store and the kernel tuner serve both flows. Its sections: `env` (which agent env), `model` (the
+"""An LLM-agent run's configuration (GRPO on text tasks): one pydantic model per section, data only, like
+`ControlRunConfig`; both satisfy `RunSpec` (`rl_core.config.common`), what the shared runtime reads. The checks that
+need the world (the env registry, the model's files and tokenizer, whether prompts fit its context, vLLM) are the
+preflight's (`rl_core.algos.preflight`), run once by the edges that start a run, never by the actors. Its sections: `env` (which agent env), `model` (the
 causal LM: built here from the env's alphabet, or a `save_pretrained` directory), `sampling` (how rollouts draw
 tokens), `sft` (the warm start a new run begins with) and `algorithm` (GRPO). `flow: "agent"` tells the two kinds
 of stored config apart (`load_run_config`).
@@ -10,13 +9,13 @@ of stored config apart (`load_run_config`).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rl_core.config.control import MAX_SEED, AlgorithmConfig, ControlRunConfig, StorageConfig, option
+from rl_core.config.common import MAX_SEED, AlgorithmConfig, RunName, StorageConfig, option
+from rl_core.config.control import ControlRunConfig
 
 
 class GRPOConfig(AlgorithmConfig):
@@ -61,22 +60,6 @@ class AgentEnvConfig(BaseModel):
                       "PendulumGains-v0, or your own).", json_schema_extra=option("env"))
     num_workers: int = Field(1, ge=1, description="Ray env workers that score plans of simulator-backed envs.")
 
-    @field_validator("module")
-    @classmethod
-    def _module(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None:
-            from rl_core.envs.registry import import_env_module
-
-            import_env_module(value)
-        return value
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        from rl_core.envs.agent import validate_agent_env_name
-
-        validate_agent_env_name(value)
-        return value
 
 
 class ModelConfig(BaseModel):
@@ -97,16 +80,8 @@ class ModelConfig(BaseModel):
     @field_validator("path")
     @classmethod
     def _path(cls, value: Optional[str]) -> Optional[str]:
-        if value is None:
-            return value
-        from rl_core.policies.hf_model import inspect_causal_lm
-
-        source = str(Path(value).expanduser().resolve())
-        try:  # a Llama causal LM whose tokenizer matches it; its weights are read later, by the actors
-            inspect_causal_lm(source)
-        except (OSError, ValueError, ImportError) as err:
-            raise ValueError(str(err).removeprefix("load_pretrained: ")) from None
-        return source
+        """Absolute, so every process reads the same files; whether they hold a usable model is the preflight's."""
+        return None if value is None else str(Path(value).expanduser().resolve())
 
 
 class SamplingConfig(BaseModel):
@@ -140,7 +115,7 @@ class AgentRunConfig(BaseModel):
     SECTIONS: ClassVar[tuple[str, ...]] = ("env", "model", "sampling", "sft", "storage", "algorithm")
 
     flow: Literal["agent"] = "agent"
-    run_name: str = Field(description="Names the run's folder in the store; the same name continues the run.")
+    run_name: RunName = Field(description="Names the run's folder in the store; the same name continues the run.")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seeds everything: equal seeds give bit-identical weights on "
                       "CPU.")
     iterations: int = Field(ge=1, description="Total GRPO iterations of the run.")
@@ -164,13 +139,6 @@ class AgentRunConfig(BaseModel):
     storage: StorageConfig = Field(default_factory=StorageConfig)  # per config: ./runs resolved at that moment
     algorithm: GRPOConfig = GRPOConfig()
 
-    @field_validator("run_name")
-    @classmethod
-    def _run_name(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", value):
-            raise ValueError("use letters, digits, '.', '_' or '-' (starting with a letter or digit), at most 100")
-        return value
-
     @model_validator(mode="after")
     def _groups_split_over_ranks(self) -> "AgentRunConfig":
         grpo = self.algorithm
@@ -182,47 +150,6 @@ class AgentRunConfig(BaseModel):
             raise ValueError(f"num_ranks {self.num_ranks} must divide the prompts of a minibatch ({per_minibatch}): "
                              "each rank takes whole prompt groups")
         return self
-
-    @model_validator(mode="after")
-    def _prompts_fit_the_model(self) -> "AgentRunConfig":
-        """The model's tokenizer must write every character of the env, and the first iteration's and the held-out
-        problems' prompts must leave room in its context: found here, before anything is written."""
-        from rl_core.algos.grpo.phases import check_demonstrations_fit, check_prompts_fit
-        from rl_core.envs.agent import make_agent_env
-        from rl_core.policies.lm_policy import model_spec, tokenizer_of
-
-        tokenizer, env = tokenizer_of(self), make_agent_env(self.env.name)
-        missing = sorted(char for char in set(env.alphabet) if not tokenizer.can_write(char))
-        if missing:
-            raise ValueError(f"model.path: the model's tokenizer cannot write {missing} of {self.env.name}'s "
-                             "alphabet; train a model on that alphabet or pick an env it covers")
-        context = model_spec(self).max_position_embeddings
-        make = lambda: make_agent_env(self.env.name)  # noqa: E731
-        count = self.algorithm.prompts_per_iteration
-        check_prompts_fit(self, make, tokenizer, context, env.problem_seeds("train", count), "train")
-        check_prompts_fit(self, make, tokenizer, context, env.problem_seeds("heldout", self.eval_problems), "held-out")
-        if self.sft.steps:
-            check_demonstrations_fit(self, env, tokenizer, context, env.problem_seeds("train", count))
-        return self
-
-    @model_validator(mode="after")
-    def _generator_runs_here(self) -> "AgentRunConfig":
-        """vLLM must import, and on a CPU its attention takes heads of 32 or more dimensions."""
-        if self.generator != "vllm":
-            return self
-        from rl_core.generation.vllm_generator import check_vllm_model
-        from rl_core.policies.lm_policy import model_spec
-
-        check_vllm_model(model_spec(self))
-        return self
-
-    @property
-    def actor_cpus(self) -> int:
-        """Logical CPUs the run's Ray actors ask for: the generator, one per trainer rank and, for an env whose
-        reward is a simulation, one per simulation worker."""
-        from rl_core.envs.agent import uses_simulator
-
-        return 1 + self.num_ranks + (self.env.num_workers if uses_simulator(self.env.name) else 0)
 
     @property
     def batch_size(self) -> int:

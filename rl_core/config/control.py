@@ -1,74 +1,34 @@
-"""Run configuration: one pydantic model per section, validated once at the edge (flow start, CLI).
+"""A control run's configuration: one pydantic model per section, data only, validated once at the edge.
+
+Its validators check values, never the world: whether the env is registered (after its module is imported) is the
+preflight's question (`rl_core.algos.preflight`), asked once by the edges that start a run.
 
 A run is `ControlRunConfig`: its own fields (name, seed, iterations, ranks...) plus three sections, `env` (what is
 simulated and how it is split over workers), `storage` (where checkpoints go and how often) and `algorithm`
 (chosen by its `name`, each algorithm with its own fields and preset files). Inside, plain typed values.
 
-Presets (`rl_core/presets.py`) are named sets of overrides; the flat launch options a flow and the command line
-take are derived from these models (`rl_core/config/launch_options.py`), so a field is declared once, here.
+Presets (`rl_core/config/presets.py`) are named sets of overrides; the flat launch options a flow and the
+command line take are derived from these models (`rl_core/config/launch_options.py`), so a field is declared once, here.
 """
 from __future__ import annotations
 
-import os
-import re
 from typing import Annotated, Any, ClassVar, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
-from rl_core.envs.gym_backend import PREFIX as GYM_PREFIX
-from rl_core.envs.randomization import DynamicsRandomization
-from rl_core.envs.registry import import_env_module, validate_env_name
+from rl_core.config.common import (
+    MAX_SEED,
+    AlgorithmConfig,
+    RunName,
+    StorageConfig,
+    algorithm_config_class,
+    option,
+    register_algorithm_config,
+)
+from rl_core.config.randomization import DynamicsRandomization
 
-STORE_SCHEMES = ("file", "memory", "s3")
-MAX_SEED = 2**63 - 1  # torch.manual_seed takes 64 bits; a larger seed would fail inside an actor, after run.json
-
-
-class ConfigError(ValueError):
-    """Invalid run configuration; the message names each bad field and what it allows."""
-
-
-def require_shared_store(url: str) -> None:
-    """A flow's steps run in other processes (Ray actors), which see only stores outside this process."""
-    if url.startswith("memory://"):
-        raise ConfigError(f"store: {url} lives in this process's memory, and the flow's steps run in Ray actors "
-                          "that cannot see it; use file:// (the default, ./runs) or s3://bucket/prefix (memory:// "
-                          "serves in-process use: train_in_process, CheckpointStore)")
-
-
-def option(name: str) -> dict[str, str]:
-    """`json_schema_extra` of a field whose launch option (flow parameter, `--flag`) has another name."""
-    return {"option": name}
-
-
-class AlgorithmConfig(BaseModel):
-    """The algorithm section: `name` picks the registered algorithm whose subclass holds the section's fields."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    name: str = Field(description="Registered algorithm.", json_schema_extra=option("algorithm"))
-    nonfinite_limit: int = Field(
-        3, ge=1, description="Minibatch updates in a row with a NaN/inf loss or gradient (each one skipped) after "
-        "which the iteration's update is discarded and the learner rolls back to the last committed version.")
-
-
-_ALGORITHM_CONFIGS: dict[str, type[AlgorithmConfig]] = {}
-
-
-def register_algorithm_config(config: type[AlgorithmConfig]) -> type[AlgorithmConfig]:
-    """Make `config` (a subclass with a `name` default) selectable as `algorithm.name`; usable as a decorator."""
-    name = config.model_fields["name"].default
-    if not isinstance(name, str) or _ALGORITHM_CONFIGS.get(name, config) is not config:
-        raise ValueError(f"algorithm config {config.__name__}: needs a unique string default for `name`, got {name!r}")
-    _ALGORITHM_CONFIGS[name] = config
-    return config
-
-
-def algorithm_config_class(name: str) -> type[AlgorithmConfig]:
-    """The section model of algorithm `name`, or a ValueError listing the registered ones."""
-    try:
-        return _ALGORITHM_CONFIGS[name]
-    except KeyError:
-        raise ValueError(f"unknown algorithm {name!r}; allowed: {', '.join(sorted(_ALGORITHM_CONFIGS))}") from None
+GYM_PREFIX = "gym:"
+"""An env name with this prefix names a gymnasium env (`gym:Pendulum-v1`), run by the slower gymnasium backend."""
 
 
 @register_algorithm_config
@@ -107,7 +67,6 @@ class EnvConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    # `module` before `name`: fields validate in order, and the module registers the tasks `name` may name.
     module: Optional[str] = Field(
         None, description="Python module imported first (here and in every worker) to register your own tasks.",
         json_schema_extra=option("env_module"))
@@ -120,19 +79,6 @@ class EnvConfig(BaseModel):
     envs_per_worker: int = Field(32, ge=1, description="MuJoCo envs batched in each worker.")
     rollout_steps: int = Field(128, ge=1, description="Steps per env per iteration.")
 
-    @field_validator("module")
-    @classmethod
-    def _module(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None:
-            import_env_module(value)
-        return value
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        validate_env_name(value)
-        return value
-
     @model_validator(mode="after")
     def _randomization_needs_native_task(self) -> "EnvConfig":
         if self.randomization is not None and self.name.startswith(GYM_PREFIX):
@@ -144,41 +90,13 @@ class EnvConfig(BaseModel):
         return self.num_workers * self.envs_per_worker
 
 
-class StorageConfig(BaseModel):
-    """Where the run's folder lives and how often state is checkpointed."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    url: str = Field("file://./runs", description="fsspec URL under which the run's folder lives: file://, "
-                     "memory:// or s3://bucket/prefix.", json_schema_extra=option("store"), validate_default=True)
-    full_every: int = Field(8, ge=1, description="A full checkpoint every N versions, deltas in between.")
-    epoch_checkpoint_every: int = Field(
-        1, ge=0, description="Save training progress every N update epochs inside an iteration, so a retried "
-        "train_shard resumes mid-update (0: only the per-iteration versions).")
-    epoch_checkpoint_min_s: float = Field(
-        10.0, ge=0, description="...but no sooner than this many seconds into the update or after the last such "
-        "save: an update shorter than a save is worth is simply redone on retry (0: save at every "
-        "`epoch_checkpoint_every` epochs).")
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        scheme, _, path = value.rpartition("://")
-        scheme = scheme or "file"
-        if scheme not in STORE_SCHEMES:
-            raise ValueError(f"unknown store scheme {scheme!r} in {value!r}; allowed: {', '.join(STORE_SCHEMES)}")
-        if scheme == "file":  # absolute, so Ray workers (other working directories) see the same folder
-            return "file://" + os.path.abspath(os.path.expanduser(path))
-        return value
-
-
 class ControlRunConfig(BaseModel):
     """Everything that defines one training run; two runs with equal configs produce equal weights."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     SECTIONS: ClassVar[tuple[str, ...]] = ("env", "storage", "algorithm")
 
-    run_name: str = Field(description="Names the run's folder in the store; the same name continues the run.")
+    run_name: RunName = Field(description="Names the run's folder in the store; the same name continues the run.")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seeds everything: equal seeds give bit-identical weights on "
                       "CPU.")
     iterations: int = Field(ge=1, description="Total training iterations of the run (a continued run trains up "
@@ -211,13 +129,6 @@ class ControlRunConfig(BaseModel):
             return algorithm_config_class(value.get("name", "ppo")).model_validate(value)
         return value
 
-    @field_validator("run_name")
-    @classmethod
-    def _run_name(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", value):
-            raise ValueError("use letters, digits, '.', '_' or '-' (starting with a letter or digit), at most 100")
-        return value
-
     @model_validator(mode="after")
     def _batch_divides(self) -> "ControlRunConfig":
         mb = getattr(self.algorithm, "minibatch_size", None)
@@ -229,11 +140,6 @@ class ControlRunConfig(BaseModel):
         if mb % self.num_ranks:
             raise ValueError(f"num_ranks {self.num_ranks} must divide algorithm.minibatch_size {mb}")
         return self
-
-    @property
-    def actor_cpus(self) -> int:
-        """Logical CPUs the run's Ray actors ask for: one per env worker and per trainer rank."""
-        return self.env.num_workers + self.num_ranks
 
     @property
     def batch_size(self) -> int:
@@ -268,17 +174,3 @@ def migrate_flat_config(data: dict[str, Any]) -> dict[str, Any]:
     if "ppo" in data:
         out["algorithm"] = {"name": "ppo", **data["ppo"]}
     return out
-
-
-def format_validation_error(err: Any, title: str = "invalid run configuration:",
-                            flags: dict[str, str] | None = None) -> str:
-    """One line per bad field of a pydantic ValidationError: `field (--flag): message (got value)`, the flag
-    (from `flags`, dotted field -> option name) where the field is set by a launch option of another name."""
-    lines = [title]
-    for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "config"
-        flag = (flags or {}).get(field)
-        shown = f"{field} (--{flag.replace('_', '-')})" if flag and flag != field else field
-        got = f" (got {e.get('input')!r})" if e["loc"] else ""  # a whole-config check names its fields itself
-        lines.append(f"  {shown}: {e['msg']}{got}")
-    return "\n".join(lines)

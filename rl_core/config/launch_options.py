@@ -15,7 +15,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
-from rl_core.config.control import AlgorithmConfig, ControlRunConfig, EnvConfig, StorageConfig
+from rl_core.config.common import AlgorithmConfig, StorageConfig
+from rl_core.config.control import ControlRunConfig, EnvConfig
 
 SCALARS = (bool, int, float, str)
 
@@ -74,7 +75,7 @@ def _table(options: list[LaunchOption]) -> dict[str, LaunchOption]:
 def launch_options() -> dict[str, LaunchOption]:
     """Every launch option of a control run by name, in a stable order: preset, the run's fields, env, storage,
     algorithm, then the fields every algorithm has (its hyper-parameters come from presets or `hyperparameters`)."""
-    preset = LaunchOption("preset", None, str, "Named run size: quick, full or tiny (rl_core/config/control_presets.py).",
+    preset = LaunchOption("preset", None, str, "Named run size: quick, full or tiny (rl_core/config/presets.py).",
                           "quick")
     randomize = LaunchOption("randomize_dynamics", None, float, "Scale each env's masses, friction and damping by "
                              "U(1-F, 1+F), per env and seeded (default: off).")
@@ -90,7 +91,7 @@ def agent_launch_options() -> dict[str, LaunchOption]:
     hyper-parameters included (an agent run has one algorithm)."""
     from rl_core.config.agent import AgentRunConfig
 
-    preset = LaunchOption("preset", None, str, "Named run size: quick, full or tiny (rl_core/config/agent_presets.py).",
+    preset = LaunchOption("preset", None, str, "Named run size: quick, full or tiny (rl_core/config/presets.py).",
                           "quick")
     sections = [*_field_options(AgentRunConfig, ())]
     for name in AgentRunConfig.SECTIONS:

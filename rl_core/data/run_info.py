@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 import fsspec
 
 from rl_core.config.agent import AgentRunConfig, AnyRunConfig
-from rl_core.config.control import ConfigError, ControlRunConfig, migrate_flat_config
+from rl_core.config.common import ConfigError
+from rl_core.config.control import ControlRunConfig, migrate_flat_config
 from rl_core.data.run_layout import RunLayout
 
 # Fields a continued run may change: how far to go and how much to evaluate, not what is trained. Also how its

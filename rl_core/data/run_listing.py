@@ -8,7 +8,7 @@ from typing import Any
 import fsspec
 
 from rl_core.checkpoint import CheckpointStore
-from rl_core.config.control import ConfigError
+from rl_core.config.common import ConfigError
 from rl_core.data.run_info import read_run_json
 from rl_core.data.run_layout import RunLayout
 

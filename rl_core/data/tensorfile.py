@@ -24,6 +24,9 @@ class TensorFileError(RuntimeError):
     """A tensor file is missing or unreadable; the message names the URL."""
 
 
+Tensors = dict[str, np.ndarray]
+"""Named arrays: what steps hand each other through the store and what a checkpoint holds."""
+
 def write_tensors(url: str, arrays: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> int:
     """Write `arrays` and JSON-able `meta` to `url` as one whole object; returns its size in bytes."""
     arrays = {k: _c_contiguous(v) for k, v in arrays.items()}

@@ -33,8 +33,9 @@ import mujoco
 import mujoco.batch
 import numpy as np
 
+from rl_core.config.randomization import DynamicsRandomization
 from rl_core.envs.native_step import NativeStep
-from rl_core.envs.randomization import DynamicsRandomization, randomize_batch
+from rl_core.envs.randomization import randomize_batch
 from rl_core.envs.task import Task, load_model
 
 # MjData fields only mj_rnePostConstraint computes; zero after a reset, as mj_resetData leaves them and

@@ -23,9 +23,10 @@ import gymnasium
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from rl_core.config.control import GYM_PREFIX
 from rl_core.envs.batched import COUNTER_FIELDS, StepResult
 
-PREFIX = "gym:"
+PREFIX = GYM_PREFIX
 
 
 def gym_id(env_name: str) -> str:

@@ -17,6 +17,24 @@ The `mjBatch*` is not exposed to Python either: it is read from the pybind11 wra
 member) and used only after the batch itself confirms it (`mjb_nsim`, `mjb_persistent`, `mjb_state` match).
 Anything missing (no compiler, no source, another wrapper layout) returns None from `NativeStep.for_batch`,
 with one warning, and the caller keeps `Batch.step` and a per-env loop for the contact forces.
+
+What this module assumes of the Python objects it touches (MuJoCo 4.0's `mujoco.batch`, pinned `<4.1`):
+- `batch._b` (private) is the pybind11 instance of the C++ batch class; a pybind11 instance is `PyObject_HEAD`
+  (`object.__basicsize__` bytes) then the pointer to its C++ object, and that object's first member is the
+  `mjBatch*`. Each pointer is checked readable (through /proc/self/mem) before it is followed, and the address is
+  used only once `gymflow_batch_matches` confirms it against the public side below: a wrapper of another layout
+  reads as unavailable instead of crashing the process.
+- `batch.nsim`, `batch.persistent` and `batch.state` are the batch's own: `state` is a view of the mjBatch's state
+  rows (its data pointer is `mjb_state`'s), not a copy. `batch.model` is the model every simulation was built from,
+  `batch.status` / `batch.error(i)` report a failed simulation after a step.
+- The batch outlives the stepper (it holds a reference) and keeps its simulations: nothing changes `nsim` or
+  replaces the mjBatch after `for_batch`, and no other thread steps the batch during a call (ctypes releases the
+  GIL; `mujoco.batch.Batch` is not thread-safe either).
+- Each output array is an MjData field's rows, `(nsim, *field.shape)`, C-contiguous and writable (checked); the
+  stepper holds a reference, so the addresses it gave the C code stay valid. The C code writes every row on every
+  call, from the batch's threads.
+`native_step_available()` checks all of it once (a build, a one-body batch found and stepped); on the reference
+machine tests/test_fast_paths.py fails when it does not hold, instead of the warning and the slower fallback.
 """
 from __future__ import annotations
 
@@ -80,12 +98,12 @@ class NativeStep:
                                  f"{getattr(field, 'dtype', 'float64')} array of shape {shape}, "
                                  f"found {out.dtype} {out.shape}")
         library = _load_library(os.environ.get("CC"), os.environ.get("GYMFLOW_CACHE_DIR"))
-        if library is None:
+        if isinstance(library, str):
+            _warn_once(library)
             return None
         address = _batch_address(library, batch)
         if address is None:
-            _warn_once("mujoco.batch.Batch's wrapper does not hold its mjBatch where expected "
-                       f"(MuJoCo {mujoco.__version__})")
+            _warn_once(_NO_MJBATCH)
             return None
         copies = (_Copy * max(len(outputs), 1))()
         for copy, (name, out) in zip(copies, outputs.items()):
@@ -102,6 +120,39 @@ class NativeStep:
         if failed:
             ids = np.flatnonzero(self._batch.status)
             raise mujoco.batch.SimulationError(ids, self._batch.error(int(ids[0])), self._batch.nsim)
+
+
+_NO_MJBATCH = f"mujoco.batch.Batch's wrapper does not hold its mjBatch where expected (MuJoCo {mujoco.__version__})"
+# One free body: a step runs the whole pipeline (contacts aside) and moves it.
+_PROBE_MODEL = "<mujoco><worldbody><body><freejoint/><geom size='.1'/></body></worldbody></mujoco>"
+
+
+def native_step_available() -> bool:
+    """Whether envs here step natively (else `Batch.step` and a per-env loop): see `native_step_problem`."""
+    return native_step_problem() is None
+
+
+def native_step_problem() -> str | None:
+    """Why the native step is unavailable here, or None: native_step.c builds (or is in the cache) and loads, and on a
+    one-body persistent batch the mjBatch is found where the module's docstring says and one native step moves it.
+    Checked once per process (for this CC and GYMFLOW_CACHE_DIR)."""
+    return _probe(os.environ.get("CC"), os.environ.get("GYMFLOW_CACHE_DIR"))
+
+
+@functools.cache
+def _probe(compiler: str | None, cache_dir: str | None) -> str | None:
+    library = _load_library(compiler, cache_dir)
+    if isinstance(library, str):
+        return library
+    model = mujoco.MjModel.from_xml_string(_PROBE_MODEL)
+    batch = mujoco.batch.Batch(model, nsim=1, nthread=1, persistent=True)
+    address = _batch_address(library, batch)
+    if address is None:
+        return _NO_MJBATCH
+    step = _Step(1, 1, 0, None)  # one substep, mj_rnePostConstraint, nothing copied out
+    if library.gymflow_step(address, ctypes.byref(step)) or batch.bind("time")[0] != model.opt.timestep:
+        return f"a native step of a one-body batch failed or did not move it (MuJoCo {mujoco.__version__})"
+    return None
 
 
 def _batch_address(library: ctypes.CDLL, batch: mujoco.batch.Batch) -> int | None:
@@ -131,14 +182,13 @@ def _read_pointer(address: int, readable: int = 8) -> int | None:
 
 
 @functools.cache
-def _load_library(compiler: str | None, cache_dir: str | None) -> ctypes.CDLL | None:
-    """native_step.c built for this MuJoCo (from the cache when built before); None, warned, if impossible."""
+def _load_library(compiler: str | None, cache_dir: str | None) -> ctypes.CDLL | str:
+    """native_step.c built for this MuJoCo (from the cache when built before), or why it cannot be had."""
     libmujoco = sorted(_MUJOCO_DIR.glob("libmujoco.so*"))
     compiler = compiler or shutil.which("cc") or shutil.which("gcc")
     if not SOURCE.is_file() or not libmujoco or not compiler:
         missing = "a C compiler (install gcc or set CC)" if not compiler else f"{SOURCE.name} or libmujoco"
-        _warn_once(f"no {missing} found")
-        return None
+        return f"no {missing} found"
     built_for = f"{mujoco.__version__}\0{_MUJOCO_DIR}\0{compiler}\0{platform.machine()}"
     key = hashlib.sha256(SOURCE.read_bytes() + built_for.encode()).hexdigest()[:16]
     root = Path(cache_dir) if cache_dir else Path(platformdirs.user_cache_dir("gymflow"))
@@ -147,13 +197,11 @@ def _load_library(compiler: str | None, cache_dir: str | None) -> ctypes.CDLL | 
         try:
             _compile(compiler, libmujoco[0], target)
         except (OSError, subprocess.SubprocessError) as exc:
-            _warn_once(f"building {SOURCE.name} with {compiler} failed: {exc}")
-            return None
+            return f"building {SOURCE.name} with {compiler} failed: {exc}"
     try:
         library = ctypes.CDLL(str(target))
     except OSError as exc:  # e.g. a cache dir shared with a machine of another architecture
-        _warn_once(f"loading {target} failed: {exc}")
-        return None
+        return f"loading {target} failed: {exc}"
     library.gymflow_step.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Step)]
     library.gymflow_step.restype = ctypes.c_int
     library.gymflow_data_offset.argtypes = [ctypes.c_char_p]

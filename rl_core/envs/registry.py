@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 
+from rl_core.config.randomization import DynamicsRandomization
 from rl_core.envs.ant import ANT_V5
 from rl_core.envs.batched import BatchedMujocoEnv
 from rl_core.envs.gym_backend import PREFIX as GYM_PREFIX
@@ -16,7 +17,6 @@ from rl_core.envs.halfcheetah import HALF_CHEETAH_V5
 from rl_core.envs.hopper import HOPPER_V5
 from rl_core.envs.humanoid import HUMANOID_V5
 from rl_core.envs.inverted_pendulum import INVERTED_PENDULUM_V5
-from rl_core.envs.randomization import DynamicsRandomization
 from rl_core.envs.swimmer import SWIMMER_V5
 from rl_core.envs.task import Task
 from rl_core.envs.vector import register_in_gymnasium
@@ -59,8 +59,11 @@ def validate_env_name(name: str) -> None:
                          "needs its module imported first (env_module / --env-module)")
 
 
-def import_env_module(module: str) -> None:
-    """Import `module` so the tasks it registers (with `register_task`) become selectable by name."""
+def import_env_module(module: str | None) -> None:
+    """Import `module` so the tasks it registers (with `register_task`) become selectable by name; None: none.
+    The preflight imports it where a run starts, and every actor that makes envs imports it again in its process."""
+    if module is None:
+        return
     try:
         importlib.import_module(module)
     except ImportError as err:

@@ -24,8 +24,8 @@ import gymnasium
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from rl_core.config.randomization import DynamicsRandomization
 from rl_core.envs.batched import BatchedMujocoEnv
-from rl_core.envs.randomization import DynamicsRandomization
 from rl_core.envs.task import Task
 
 NAMESPACE = "gymflow"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from rl_core.algos.base import Tensors
-from rl_core.optim.fused_adam import FusedAdam
+from rl_core.data.tensorfile import Tensors
+from rl_core.optim.adam import FusedAdam
 
 PREFIX = "optim."
 

@@ -7,12 +7,13 @@ tensors are exactly what the generator's `update_weights` and transformers take 
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from rl_core.algos.base import Tensors
+from rl_core.data.tensorfile import Tensors
 from rl_core.envs.agent import make_agent_env
 from rl_core.policies.char_tokenizer import CharTokenizer
 from rl_core.policies.hf_model import Tokenizer, inspect_causal_lm, load_causal_lm
@@ -20,24 +21,35 @@ from rl_core.policies.llama import LlamaLM
 from rl_core.policies.llama_spec import LlamaSpec
 
 if TYPE_CHECKING:
-    from rl_core.config.agent import AgentRunConfig
+    from rl_core.config.agent import AgentRunConfig, ModelConfig
 
 PREFIX = "model."
 
 
 def tokenizer_of(cfg: "AgentRunConfig") -> Tokenizer:
-    """The run's tokenizer: the model's own (`cfg.model.path`), or one built from the agent env's alphabet."""
-    if cfg.model.path is not None:
-        return inspect_causal_lm(cfg.model.path)[1]
-    return CharTokenizer(make_agent_env(cfg.env.name).alphabet)
+    """The run's tokenizer: the model's own (`cfg.model.path`), or one built from the agent env's alphabet.
+    Derived once per process (per model section and env)."""
+    return _tokenizer(cfg.model, cfg.env.name)
 
 
 def model_spec(cfg: "AgentRunConfig") -> LlamaSpec:
     """The run's model shape, without building the model: the source's config, or the sizes of `cfg.model` over
-    the env's alphabet."""
-    if cfg.model.path is not None:
-        return inspect_causal_lm(cfg.model.path)[0]
-    tokenizer, m = tokenizer_of(cfg), cfg.model
+    the env's alphabet. Derived once per process (per model section and env)."""
+    return _model_spec(cfg.model, cfg.env.name)
+
+
+@functools.cache
+def _tokenizer(model: "ModelConfig", env_name: str) -> Tokenizer:
+    if model.path is not None:
+        return inspect_causal_lm(model.path)[1]
+    return CharTokenizer(make_agent_env(env_name).alphabet)
+
+
+@functools.cache
+def _model_spec(m: "ModelConfig", env_name: str) -> LlamaSpec:
+    if m.path is not None:
+        return inspect_causal_lm(m.path)[0]
+    tokenizer = _tokenizer(m, env_name)
     return LlamaSpec(vocab_size=tokenizer.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
                      num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
                      max_position_embeddings=m.context, bos_token_id=tokenizer.bos_id,

@@ -23,11 +23,15 @@ from torch import nn
 
 @functools.cache
 def onednn_available() -> bool:
-    """Whether this torch runs oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`, an op of torch's own CPU
-    compiler path): checked once by running it."""
+    """Whether this torch runs oneDNN's linear: the private ops `torch.ops.mkldnn._linear_pointwise` (an op of
+    torch's own CPU compiler path) on a plain and on a `torch.ops.mkldnn._reorder_linear_weight`-packed weight, and
+    the tensor version counter the packed copy is keyed on. Checked once by running them on a 2x2 product; on the
+    reference machine tests/test_fast_paths.py fails when this is False."""
     try:
-        probe = torch.ones(2, 2)
-        return bool(torch.backends.mkldnn.is_available()) and torch.equal(_onednn(probe, probe), probe @ probe)
+        x, weight = torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+        expected = x @ weight.t()  # small integers: exact on every path
+        return (bool(torch.backends.mkldnn.is_available()) and isinstance(weight._version, int)
+                and torch.equal(_onednn(x, weight), expected) and torch.equal(_onednn(x, _pack(weight)), expected))
     except (AttributeError, RuntimeError):
         return False
 

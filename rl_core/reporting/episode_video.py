@@ -1,7 +1,7 @@
 """Videos of a stored policy: deterministic episodes rendered offscreen with MuJoCo, encoded as MP4 or GIF.
 
 Episode k starts in the state evaluation's env k starts in (same evaluation seed and global env index), so with
-the same version the video shows episodes that `evaluate_version` scored. A frame shows the state an action is
+the same version the video shows episodes that `evaluate_control_version` scored. A frame shows the state an action is
 taken in; an episode's terminal state is not drawn, because the env starts its next episode within the step
 that ends it. Native tasks are rendered from a copy of env 0's qpos/qvel into a private MjData (the batch keeps
 its MjData inside `mujoco.batch`); `gym:` envs built on gymnasium's MujocoEnv the same way from their own MjData.
@@ -32,10 +32,10 @@ from rl_core.algos.base import build_policy
 from rl_core.algos.ppo.evaluation import EVAL_SEED_OFFSET, Actions
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config.control import ControlRunConfig
+from rl_core.config.randomization import DynamicsRandomization
 from rl_core.data import RunLayout
 from rl_core.envs.batched import BatchedMujocoEnv
 from rl_core.envs.gym_backend import GymnasiumBatch
-from rl_core.envs.randomization import DynamicsRandomization
 from rl_core.envs.registry import make_batch
 from rl_core.seeding import derive_seed
 

@@ -15,11 +15,11 @@ import numpy as np
 from rl_core.algos.base import Tensors, algorithm_of
 from rl_core.algos.ppo.batches import ENV_STATE_PREFIX
 from rl_core.checkpoint import CheckpointStore
-from rl_core.config.control import ControlRunConfig
+from rl_core.config.common import RunSpec
 from rl_core.data import RunLayout, read_tensors
 
 
-def writer_store(cfg: ControlRunConfig) -> CheckpointStore:
+def writer_store(cfg: RunSpec) -> CheckpointStore:
     """The run's checkpoint store, as its only writer opens it (the flow run holding the run's lease): a claim
     that a killed run left mid-commit is withdrawn, so iteration i still commits version i + 1. A writer that keeps
     it across its commits (see `commit_iteration`) saves each commit listing, reading and decoding the base again."""
@@ -35,7 +35,7 @@ def _summary(store: CheckpointStore, version: int) -> dict:
             "raw_bytes": report["raw_bytes"]}
 
 
-def _meta(cfg: ControlRunConfig, iteration: int, experience: list[str], parent_meta: dict | None) -> dict:
+def _meta(cfg: RunSpec, iteration: int, experience: list[str], parent_meta: dict | None) -> dict:
     counting = algorithm_of(cfg).counters
     counters = counting(cfg, experience, parent_meta) if counting else {}
     return {"iteration": iteration, **counters, "seed": cfg.seed, "config": cfg.model_dump(mode="json")}
@@ -64,17 +64,19 @@ def newest_valid_version(store: CheckpointStore) -> tuple[int | None, list[str]]
     return None, set_aside
 
 
-def commit_initial(cfg: ControlRunConfig, learner_state: Tensors | Callable[[], Tensors]) -> dict:
+def commit_initial(cfg: RunSpec, learner_state: Tensors | Callable[[], Tensors] | None) -> dict:
     """Where the run stands: its newest valid version (see `newest_valid_version`; its `set_aside` messages are in
     the summary, and `lineage`, how many versions were ever set aside), or version 0 (the initial learner; envs
     start fresh from the seed) for a run without one.
-    `learner_state` may be a function giving it, called only when version 0 is to be committed."""
+    `learner_state` may be a function giving it, called only when version 0 is to be committed; None commits
+    nothing, and a run without a version then answers version None."""
     store = writer_store(cfg)
     latest, set_aside = newest_valid_version(store)
-    if latest is None:
+    if latest is None and learner_state is not None:
         state = learner_state() if callable(learner_state) else learner_state
         latest = store.commit(state, _meta(cfg, 0, [], None))
-    return {**_summary(store, latest), "set_aside": set_aside, "lineage": store.set_aside_count()}
+    summary = _summary(store, latest) if latest is not None else {"version": None}
+    return {**summary, "set_aside": set_aside, "lineage": store.set_aside_count()}
 
 
 def remove_staged(uris: list[str]) -> None:
@@ -85,7 +87,7 @@ def remove_staged(uris: list[str]) -> None:
             fs.rm(path)
 
 
-def commit_iteration(cfg: ControlRunConfig, iteration: int, version: int, staged: str, experience: list[str],
+def commit_iteration(cfg: RunSpec, iteration: int, version: int, staged: str, experience: list[str],
                      store: CheckpointStore | None = None) -> dict:
     """Commit version+1 from the staged learner and the workers' end env states; clean the step outputs.
 

@@ -18,6 +18,8 @@ from concurrent.futures import Future
 
 import ray
 
+from rl_core.config.agent import AgentRunConfig, AnyRunConfig
+from rl_core.envs.agent import uses_simulator
 from rl_core.runtime.faults import gymflow_env_vars
 
 LOCAL_RAY_DEFAULTS = {
@@ -36,6 +38,14 @@ _init_lock = threading.Lock()  # one `ray.init` at a time: a caller that finds o
 _background: threading.Thread | None = None  # `start_ray_in_background`'s thread (it lives as long as the process)
 _background_start: Future[None] = Future()  # its `ensure_ray`'s outcome, raised again to the caller that waits
 _background_waited = False  # whether a caller has waited for it (and taken its error)
+
+
+def actor_cpus(cfg: AnyRunConfig) -> int:
+    """Logical CPUs a run's Ray actors ask for. Control: one per env worker and per trainer rank. Agent: the
+    generator, one per trainer rank and, for an env whose reward is a simulation, one per simulation worker."""
+    if isinstance(cfg, AgentRunConfig):
+        return 1 + cfg.num_ranks + (cfg.env.num_workers if uses_simulator(cfg.env.name) else 0)
+    return cfg.env.num_workers + cfg.num_ranks
 
 
 def ensure_ray(num_cpus: int | None = None) -> None:

@@ -29,6 +29,7 @@ from rl_core.checkpoint import CheckpointStore
 from rl_core.config.agent import parse_run_config
 from rl_core.config.threads import TRAINER_THREADS
 from rl_core.data import RunLayout, read_tensors, write_tensors
+from rl_core.envs.registry import import_env_module
 from rl_core.optim.instability import UnstableUpdate
 from rl_core.runtime.faults import maybe_fail
 from rl_core.runtime.version_state import learner_state
@@ -42,6 +43,7 @@ class TrainerRank:
     def __init__(self, config_json: str, rank: int, world_size: int) -> None:
         torch.set_num_threads(TRAINER_THREADS)
         self.cfg = parse_run_config(config_json)
+        import_env_module(self.cfg.env.module)  # the run's own envs, registered in this process too
         self.rank, self.world_size = rank, world_size
         self.layout = RunLayout(self.cfg.run_url)
         self.store = CheckpointStore(self.layout.checkpoints, full_every=self.cfg.storage.full_every)

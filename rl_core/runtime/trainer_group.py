@@ -20,7 +20,7 @@ import ray
 
 from rl_core.config.agent import AnyRunConfig
 from rl_core.data.run_lease import pid_runs
-from rl_core.runtime.local_ray import actor_options, ensure_ray, is_local_ray, wait_until_names_free
+from rl_core.runtime.local_ray import actor_cpus, actor_options, ensure_ray, is_local_ray, wait_until_names_free
 from rl_core.runtime.trainer import TrainerRank
 
 RENDEZVOUS_PREFIX = "gymflow-"
@@ -53,7 +53,7 @@ class TrainerGroup:
     """The run's trainer ranks; `train(k, ...)` runs rank k's share of one iteration's update."""
 
     def __init__(self, cfg: AnyRunConfig, master_addr: str = "127.0.0.1") -> None:
-        ensure_ray(cfg.actor_cpus)
+        ensure_ray(actor_cpus(cfg))
         self.cfg = cfg
         self.master_addr = master_addr
         self._ranks: list[ray.actor.ActorHandle] = []

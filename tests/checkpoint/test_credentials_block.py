@@ -8,7 +8,7 @@ import pytest
 
 from flows.run.store_credentials import ENV_BY_FIELD, export_store_credentials
 from rl_core.checkpoint import CheckpointStore
-from rl_core.config.control import ConfigError
+from rl_core.config.common import ConfigError
 
 
 @pytest.fixture

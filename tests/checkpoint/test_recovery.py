@@ -109,11 +109,11 @@ def test_an_unreachable_store_is_a_clear_error_naming_it() -> None:
 
 
 def test_a_truncated_run_json_is_a_clear_error_naming_the_file(tmp_path) -> None:
-    from rl_core.config.control_presets import build_config
+    from rl_core.config.presets import build_control_config
     from rl_core.data.run_info import RunInfoError, load_run_config, open_run
     from rl_core.data.run_listing import list_runs
 
-    cfg = build_config("tiny", run_name="cut", store=f"file://{tmp_path}")
+    cfg = build_control_config("tiny", run_name="cut", store=f"file://{tmp_path}")
     open_run(cfg)
     run_json = tmp_path / "cut" / "run.json"
     run_json.write_bytes(run_json.read_bytes()[:40])

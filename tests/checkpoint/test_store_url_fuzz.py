@@ -18,9 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rl_core.checkpoint import CheckpointStore, StorageError
-from rl_core.config.agent_presets import build_agent_config
-from rl_core.config.control import STORE_SCHEMES, ConfigError, StorageConfig
-from rl_core.config.control_presets import build_config
+from rl_core.config.common import STORE_SCHEMES, ConfigError, StorageConfig
+from rl_core.config.presets import build_agent_config, build_control_config
 from tests.checkpoint.store_helpers import assert_same_tensors
 
 #: any text before "://" but the schemes a run may use (and none: "://x" reads as a local path, like "x")
@@ -33,7 +32,7 @@ FSSPEC_UNKNOWN = st.from_regex(r"[a-z][a-z0-9+.-]{1,15}", fullmatch=True).filter
 @given(scheme=ANY_SCHEME, rest=st.sampled_from(["bucket/prefix", "", "/abs/path", "user:pw@host:9/x"]))
 def test_a_run_on_an_unknown_scheme_is_refused_naming_the_url(scheme: str, rest: str) -> None:
     url = f"{scheme}://{rest}"
-    for build in (build_config, build_agent_config):
+    for build in (build_control_config, build_agent_config):
         with pytest.raises(ConfigError) as err:
             build("tiny", run_name="fuzz", store=url)
         assert "storage.url (--store): " in str(err.value) and repr(url) in str(err.value)

@@ -7,10 +7,12 @@ import json
 import pytest
 
 from flows.tooling.cli import main
+from rl_core.algos.preflight import preflight
 from rl_core.config.agent import AgentRunConfig, parse_run_config
-from rl_core.config.agent_presets import build_agent_config
-from rl_core.config.control import ConfigError, ControlRunConfig
+from rl_core.config.common import ConfigError
+from rl_core.config.control import ControlRunConfig
 from rl_core.config.launch_options import agent_launch_options
+from rl_core.config.presets import build_agent_config
 from rl_core.data.run_info import open_run
 from rl_core.policies.char_tokenizer import CharTokenizer
 from rl_core.policies.llama import LlamaLM
@@ -52,7 +54,7 @@ def test_every_scalar_field_is_a_launch_option() -> None:
 ])
 def test_bad_values_are_refused_naming_the_field(options: dict, named: str) -> None:
     with pytest.raises(ConfigError) as err:
-        build_agent_config("tiny", **options)
+        preflight(build_agent_config("tiny", **options))
     assert named in str(err.value)
 
 
@@ -71,16 +73,16 @@ def test_model_directories_are_checked_at_start(tmp_path) -> None:
 
     good = tmp_path / "arithmetic-model"
     _save_model(good, ALPHABET)
-    cfg = build_agent_config("tiny", env="Arithmetic-v0", model_path=str(good))
+    cfg = preflight(build_agent_config("tiny", env="Arithmetic-v0", model_path=str(good)))
     assert cfg.model.path == str(good)
 
     with pytest.raises(ConfigError, match="the model's tokenizer cannot write .* of CalcTool-v0's alphabet"):
-        build_agent_config("tiny", env="CalcTool-v0", model_path=str(good))
+        preflight(build_agent_config("tiny", env="CalcTool-v0", model_path=str(good)))
 
     mismatched = tmp_path / "mismatched"
     _save_model(mismatched, ALPHABET, vocab_size=99)
     with pytest.raises(ConfigError, match="tokenizer has 18 ids but its model's vocab_size is 99"):
-        build_agent_config("tiny", env="Arithmetic-v0", model_path=str(mismatched))
+        preflight(build_agent_config("tiny", env="Arithmetic-v0", model_path=str(mismatched)))
 
     not_llama = tmp_path / "not-llama"
     _save_model(not_llama, ALPHABET)
@@ -88,12 +90,23 @@ def test_model_directories_are_checked_at_start(tmp_path) -> None:
     (not_llama / "config.json").write_text(json.dumps({**config, "architectures": ["BertModel"],
                                                        "model_type": "bert"}))
     with pytest.raises(ConfigError, match="not a Llama causal LM"):
-        build_agent_config("tiny", env="Arithmetic-v0", model_path=str(not_llama))
+        preflight(build_agent_config("tiny", env="Arithmetic-v0", model_path=str(not_llama)))
 
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ConfigError, match="has no config.json"):
-        build_agent_config("tiny", model_path=str(empty))
+        preflight(build_agent_config("tiny", model_path=str(empty)))
+
+
+def test_a_config_is_data_and_the_preflight_runs_once_per_process(tmp_path, monkeypatch) -> None:
+    """Parsing a config (as every actor does) asks nothing of the world; the preflight asks once per process."""
+    cfg = build_agent_config("tiny", env="Nope-v0", model_path=str(tmp_path / "missing"))
+    assert parse_run_config(cfg.model_dump_json()) == cfg  # no env registry, no model files consulted
+    calls = []
+    monkeypatch.setattr("rl_core.algos.grpo.checks._check_prompts_fit", calls.append)
+    good = build_agent_config("tiny", run_name=f"once-{tmp_path.name}")  # a config no other test has checked
+    assert preflight(good) is good and preflight(good) is good
+    assert calls == [good]
 
 
 def test_the_command_line_refuses_bad_input_before_writing_anything(tmp_path, capsys) -> None:

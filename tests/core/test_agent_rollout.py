@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from rl_core.algos.grpo.episodes import EpisodeSpec, run_episodes
-from rl_core.algos.grpo.learner import sampling_params, score
+from rl_core.algos.grpo.episodes import EpisodeSpec, run_agent_episodes, sampling_params
+from rl_core.algos.grpo.learner import score
 from rl_core.algos.grpo.phases import rollout_chunk
 from rl_core.algos.grpo.trajectories import PROMPT_TURN, TrajectoryBatch
 from rl_core.algos.grpo.update import ScoredTokens, logprob_parity
-from rl_core.config.agent_presets import build_agent_config
+from rl_core.config.presets import build_agent_config
 from rl_core.envs.agent import make_agent_env
 from rl_core.generation import Generation, GenerationRequest, SamplingParams
 from rl_core.generation.torch_generator import TorchGenerator
@@ -71,7 +71,7 @@ def _tool_episode(tokenizer: CharTokenizer) -> tuple:
     env = make_agent_env("CalcTool-v0")
     seed = env.problem_seeds("train", 1)[0]
     generate = ScriptedGenerator(tokenizer, {0: env.demonstration(seed)})
-    episodes = run_episodes([EpisodeSpec(0, 0, seed)], lambda: make_agent_env("CalcTool-v0"), tokenizer, generate,
+    episodes = run_agent_episodes([EpisodeSpec(0, 0, seed)], lambda: make_agent_env("CalcTool-v0"), tokenizer, generate,
                             SamplingParams(max_tokens=24), (0, 1, 0), context=96, version=3)
     return env, seed, episodes[0]
 
@@ -171,7 +171,7 @@ def test_an_episode_whose_context_is_full_ends_with_reward_zero() -> None:
     seed = env.problem_seeds("train", 1)[0]
     calls = ["<calc>1*1</calc>"] * 3
     generate = ScriptedGenerator(tokenizer, {0: calls})
-    (episode,) = run_episodes([EpisodeSpec(0, 0, seed)], lambda: make_agent_env("CalcTool-v0"), tokenizer, generate,
+    (episode,) = run_agent_episodes([EpisodeSpec(0, 0, seed)], lambda: make_agent_env("CalcTool-v0"), tokenizer, generate,
                               SamplingParams(max_tokens=24), (0, 1, 0), context=30, version=3)
     assert episode.done and episode.reward == 0.0 and "context of 30 positions is full" in episode.info["error"]
 
@@ -180,7 +180,7 @@ def test_a_generation_from_another_version_is_refused() -> None:
     tokenizer = CharTokenizer(make_agent_env("Arithmetic-v0").alphabet)
     generate = ScriptedGenerator(tokenizer, {0: ["12\n"]})  # stamps version 3
     with pytest.raises(RuntimeError, match="policy version 3, not the asked version 4"):
-        run_episodes([EpisodeSpec(0, 0, 0)], lambda: make_agent_env("Arithmetic-v0"), tokenizer, generate,
+        run_agent_episodes([EpisodeSpec(0, 0, 0)], lambda: make_agent_env("Arithmetic-v0"), tokenizer, generate,
                      SamplingParams(max_tokens=4), (0, 1, 0), context=32, version=4)
 
 

@@ -19,9 +19,10 @@ from rl_core.algos import base
 from rl_core.algos.base import Algorithm, Spaces, Tensors, UpdateHooks, algorithm_of
 from rl_core.algos.ppo.in_process import train_in_process
 from rl_core.checkpoint import CheckpointStore
-from rl_core.config import control as config
-from rl_core.config.control import AlgorithmConfig, ConfigError, ControlRunConfig
-from rl_core.config.control_presets import build_config
+from rl_core.config import common as config
+from rl_core.config.common import AlgorithmConfig, ConfigError
+from rl_core.config.control import ControlRunConfig
+from rl_core.config.presets import build_control_config
 from rl_core.data import RunLayout
 from rl_core.runtime.commits import commit_initial, commit_iteration
 from rl_core.runtime.control.env_worker import EnvWorker
@@ -93,7 +94,7 @@ def bandit(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _cfg(**options: Any) -> ControlRunConfig:
-    return build_config("tiny", run_name="bandit", algorithm="bandit", num_ranks=1, num_workers=1,
+    return build_control_config("tiny", run_name="bandit", algorithm="bandit", num_ranks=1, num_workers=1,
                         store=f"memory://gymflow-seam-{uuid.uuid4().hex}", **options)
 
 
@@ -121,6 +122,6 @@ def test_the_in_process_loop_runs_it_and_repeats_exactly(bandit) -> None:
 
 def test_unknown_algorithm_and_foreign_fields_are_refused() -> None:
     with pytest.raises(ConfigError, match="unknown algorithm 'bandit'; allowed: ppo"):
-        build_config("tiny", run_name="r", algorithm="bandit")
+        build_control_config("tiny", run_name="r", algorithm="bandit")
     with pytest.raises(ConfigError, match="algorithm.step_size"):
-        build_config("tiny", run_name="r", hyperparameters={"step_size": 0.5})  # not a PPO field
+        build_control_config("tiny", run_name="r", hyperparameters={"step_size": 0.5})  # not a PPO field

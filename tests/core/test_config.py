@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from rl_core.config.control import ConfigError
-from rl_core.config.control_presets import build_config
+from rl_core.algos.preflight import preflight
+from rl_core.config.common import ConfigError
+from rl_core.config.presets import build_control_config
 
 
 @pytest.mark.parametrize(
@@ -19,35 +20,36 @@ from rl_core.config.control_presets import build_config
 )
 def test_invalid_field_is_named_with_allowed_values(overrides: dict, field: str, allowed: str) -> None:
     with pytest.raises(ConfigError) as err:
-        build_config("quick", **{"run_name": "r", **overrides})
+        preflight(build_control_config("quick", **{"run_name": "r", **overrides}))  # the values, then the world
     assert f"{field}:" in str(err.value) and allowed in str(err.value)
 
 
 def test_unknown_preset_lists_presets() -> None:
     with pytest.raises(ConfigError, match="preset: .*allowed: quick, full, tiny"):
-        build_config("fast", run_name="r")
+        build_control_config("fast", run_name="r")
 
 
 def test_minibatch_must_split_evenly_over_ranks() -> None:
     with pytest.raises(ConfigError, match="num_ranks 3 must divide"):
-        build_config("quick", run_name="r", num_ranks=3)
+        build_control_config("quick", run_name="r", num_ranks=3)
 
 
 def test_preset_then_overrides() -> None:
-    cfg = build_config("tiny", run_name="r", iterations=5, hyperparameters={"learning_rate": 1e-3})
+    cfg = build_control_config("tiny", run_name="r", iterations=5, hyperparameters={"learning_rate": 1e-3})
     assert cfg.iterations == 5 and cfg.env.rollout_steps == 16
     assert cfg.algorithm.learning_rate == 1e-3 and cfg.algorithm.minibatch_size == 32
 
 
 def test_file_store_becomes_absolute(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    cfg = build_config("tiny", run_name="r", store="runs")
+    cfg = build_control_config("tiny", run_name="r", store="runs")
     assert cfg.run_url == f"file://{tmp_path}/runs/r"
 
 
 def test_every_scalar_field_is_a_launch_option_and_nests_where_it_belongs() -> None:
     """The flow's parameters and the CLI's flags come from the models: a field added there is an option."""
-    from rl_core.config.control import ControlRunConfig, EnvConfig, StorageConfig
+    from rl_core.config.common import StorageConfig
+    from rl_core.config.control import ControlRunConfig, EnvConfig
     from rl_core.config.launch_options import launch_options, nest_options
 
     options = launch_options()
@@ -58,14 +60,14 @@ def test_every_scalar_field_is_a_launch_option_and_nests_where_it_belongs() -> N
     assert options["env"].path == ("env", "name") and options["store"].path == ("storage", "url")
     assert nest_options({"env": "Hopper-v5", "seed": 3, "store": None}) == {"env": {"name": "Hopper-v5"}, "seed": 3}
     with pytest.raises(ConfigError, match="unknown launch option envs; known: preset"):
-        build_config("tiny", run_name="r", envs="Hopper-v5")
+        build_control_config("tiny", run_name="r", envs="Hopper-v5")
 
 
 def test_a_config_in_the_flat_layout_reads_as_the_sectioned_one() -> None:
     """run.json and checkpoint meta written before the sections existed (flat fields, `ppo`) still load."""
     from rl_core.config.control import ControlRunConfig
 
-    cfg = build_config("tiny", run_name="old", env="Hopper-v5", store="memory://x", hyperparameters={"gamma": 0.9})
+    cfg = build_control_config("tiny", run_name="old", env="Hopper-v5", store="memory://x", hyperparameters={"gamma": 0.9})
     flat = {"run_name": "old", "seed": 0, "iterations": 2, "num_ranks": 2, "overlap": False, "eval_episodes": 1,
             "collective_timeout_s": 120.0, "env_module": None, "env": "Hopper-v5", "randomization": None,
             "num_workers": 2, "envs_per_worker": 4, "rollout_steps": 16, "store": "memory://x", "full_every": 8,
@@ -81,7 +83,7 @@ def test_a_config_in_the_flat_layout_reads_as_the_sectioned_one() -> None:
 ])
 def test_values_that_would_fail_inside_an_actor_are_refused_at_start(options: dict, named: str) -> None:
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
-        build_config("tiny", run_name="bad", **options)
+        build_control_config("tiny", run_name="bad", **options)
 
 
 def test_the_default_store_is_resolved_where_the_config_is_made(tmp_path, monkeypatch) -> None:
@@ -92,8 +94,23 @@ def test_the_default_store_is_resolved_where_the_config_is_made(tmp_path, monkey
 
 
 def test_a_memory_store_is_refused_for_a_flow_naming_why() -> None:
-    from rl_core.config.control import require_shared_store
+    from rl_core.config.common import require_shared_store
 
     with pytest.raises(ConfigError, match="Ray actors"):
         require_shared_store("memory://runs")
     require_shared_store("file:///tmp/runs")
+
+
+def test_the_config_package_is_data_and_imports_no_model_env_or_backend() -> None:
+    """Parsing a config (every actor does) costs no torch, MuJoCo or transformers import: its checks of the world
+    are the preflight's (`rl_core.algos.preflight`)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, rl_core.config.agent, rl_core.config.presets, rl_core.config.presets, "
+            "rl_core.config.launch_options, rl_core.config.threads\n"
+            "heavy = {'torch', 'mujoco', 'gymnasium', 'transformers', 'ray', 'prefect', 'numpy'}\n"
+            "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
+            "print(sorted(m for m in sys.modules if m.startswith('rl_core.') and not m.startswith('rl_core.config')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert done.stdout.split("\n")[:2] == ["[]", "[]"], done.stdout

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from rl_core.config.agent import AgentRunConfig, parse_run_config
-from rl_core.config.agent_presets import build_agent_config
-from rl_core.config.control import MAX_SEED, ConfigError, ControlRunConfig, PPOConfig
-from rl_core.config.control_presets import build_config
+from rl_core.config.common import MAX_SEED, ConfigError
+from rl_core.config.control import ControlRunConfig, PPOConfig
 from rl_core.config.launch_options import agent_launch_options, launch_options
+from rl_core.config.presets import build_agent_config, build_control_config
 from rl_core.envs.registry import task_names
 
 RUN_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
@@ -38,7 +38,7 @@ class NumericField:
     element: bool = False  # an element of a tuple field (PPO's hidden widths)
 
     def kwargs(self, value: Any) -> dict[str, Any]:
-        """build_config / build_agent_config keyword arguments giving the field `value`."""
+        """build_control_config / build_agent_config keyword arguments giving the field `value`."""
         if self.element:  # algorithm.hidden.<i>: a valid layer before it, so the index is not always 0
             index = int(self.dotted.rsplit(".", 1)[1])
             return {"hyperparameters": {"hidden": (64,) * index + (value,)}}
@@ -174,7 +174,7 @@ def _invalid(fields: list[NumericField]) -> st.SearchStrategy[tuple[NumericField
 def test_an_invalid_number_is_refused_naming_its_field(case: tuple[NumericField, Any]) -> None:
     field, value = case
     with pytest.raises(ConfigError) as err:
-        build_config("tiny", run_name="fuzz", store="memory://fuzz", **field.kwargs(value))
+        build_control_config("tiny", run_name="fuzz", store="memory://fuzz", **field.kwargs(value))
     _refused_naming(err.value, field)
 
 
@@ -189,11 +189,11 @@ def test_an_invalid_number_of_an_agent_run_is_refused_naming_its_field(case: tup
 @given(st.text(max_size=120).filter(lambda s: not re.fullmatch(RUN_NAME, s)))
 def test_a_run_name_that_cannot_name_a_folder_is_refused(name: str) -> None:
     with pytest.raises(ConfigError, match=r"(?m)^  run_name: "):
-        build_config("tiny", run_name=name, store="memory://fuzz")
+        build_control_config("tiny", run_name=name, store="memory://fuzz")
 
 
 _UNBOUNDED_ABOVE = [pytest.param(f, build, id=f"{kind}-{f.dotted}")
-                    for kind, build, fields in (("control", build_config, CONTROL_FIELDS),
+                    for kind, build, fields in (("control", build_control_config, CONTROL_FIELDS),
                                                 ("agent", build_agent_config, AGENT_FIELDS))
                     for f in fields if f.kind is float and not {"le", "lt"} & f.bounds.keys()]
 
@@ -206,7 +206,7 @@ def test_a_non_finite_float_is_refused(field: NumericField, build: Any) -> None:
         _refused_naming(err.value, field)
 
 
-@pytest.mark.parametrize("build", [build_config, build_agent_config], ids=["control", "agent"])
+@pytest.mark.parametrize("build", [build_control_config, build_agent_config], ids=["control", "agent"])
 def test_a_mapping_for_a_number_option_is_refused(build: Any) -> None:
     with pytest.raises(ConfigError, match=r"(?m)^  iterations: "):
         build("tiny", run_name="fuzz", store="memory://fuzz", iterations={"a": 1})
@@ -239,7 +239,7 @@ def _store() -> st.SearchStrategy[str]:
 
 @st.composite
 def _control_launch(draw: st.DrawFn) -> dict[str, Any]:
-    """build_config keyword arguments of a valid control run, every numeric field drawn inside its bounds."""
+    """build_control_config keyword arguments of a valid control run, every numeric field drawn inside its bounds."""
     kwargs: dict[str, Any] = {"run_name": draw(st.from_regex(RUN_NAME, fullmatch=True)),
                               "env": draw(st.sampled_from(task_names())), "store": draw(_store()),
                               "overlap": draw(st.booleans()), "eval_video": draw(st.booleans()),
@@ -266,7 +266,7 @@ def _control_launch(draw: st.DrawFn) -> dict[str, Any]:
 
 @given(_control_launch())
 def test_a_valid_control_config_keeps_every_value_and_round_trips_through_json(launch: dict[str, Any]) -> None:
-    cfg = build_config("quick", **launch)
+    cfg = build_control_config("quick", **launch)
     for name, value in launch["hyperparameters"].items():
         assert getattr(cfg.algorithm, name) == value, name
     for field in CONTROL_FIELDS:

@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from rl_core.algos.base import build_learner
-from rl_core.config.control_presets import build_config
+from rl_core.config.presets import build_control_config
 from rl_core.data import RunLayout, read_tensors, write_tensors
 from rl_core.runtime.commits import commit_initial, commit_iteration
 from rl_core.runtime.control.env_pool import EnvWorkerDied, EnvWorkerPool, env_split
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
 
 
 def _iteration_zero(tmp_path, name: str) -> tuple[EnvWorkerPool, object]:
-    cfg = build_config("tiny", run_name=name, store=f"file://{tmp_path}", num_ranks=1)
+    cfg = build_control_config("tiny", run_name=name, store=f"file://{tmp_path}", num_ranks=1)
     commit_initial(cfg, build_learner(cfg).state())
     pool = EnvWorkerPool(cfg)
     parts = pool.simulate(0, 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from rl_core.algos.ppo.in_process import train_in_process
-from rl_core.config.control_presets import build_config
+from rl_core.config.presets import build_control_config
 from rl_core.seeding import action_noise
 
 
@@ -21,7 +21,7 @@ def test_two_workers_of_four_envs_train_what_one_worker_of_eight_does(monkeypatc
     torch's matmul gives each row the same bits at 4 and 8 rows; at 1 or 2 rows it uses other kernels, so
     splits that small differ in the last bits."""
     monkeypatch.setenv("GYMFLOW_KERNELS", "reference")
-    runs = [train_in_process(build_config("tiny", run_name="split", seed=3, num_ranks=1, iterations=3,
+    runs = [train_in_process(build_control_config("tiny", run_name="split", seed=3, num_ranks=1, iterations=3,
                                           num_workers=workers, envs_per_worker=8 // workers, eval_episodes=1))
             for workers in (2, 1)]
     assert runs[0].policy_sha256 == runs[1].policy_sha256

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rl_core.algos.base import algorithm_of, build_learner
-from rl_core.config.control_presets import build_config
+from rl_core.config.presets import build_control_config
 from rl_core.envs import make_batch, task_names
 
 NUM_ENVS, STEPS = 4, 16  # the tiny preset's envs per worker and steps
@@ -19,7 +19,7 @@ NUM_ENVS, STEPS = 4, 16  # the tiny preset's envs per worker and steps
 @pytest.mark.parametrize("name", task_names() + ["gym:Pendulum-v1"])
 def test_collect_score_and_update(name: str) -> None:
     """The phase functions the flow's steps call (collect, score, update) on every task."""
-    cfg = build_config("tiny", run_name="r", env=name, num_workers=1, hyperparameters={"update_epochs": 1})
+    cfg = build_control_config("tiny", run_name="r", env=name, num_workers=1, hyperparameters={"update_epochs": 1})
     algorithm, learner = algorithm_of(cfg), build_learner(cfg)
     env = make_batch(name, NUM_ENVS, seed=0)
     before = {k: v.clone() for k, v in learner.policy.model.state_dict().items()}

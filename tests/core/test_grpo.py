@@ -11,7 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rl_core.algos.base import UpdateHooks
-from rl_core.algos.grpo.learner import GRPOLearner, sampling_params, score
+from rl_core.algos.grpo.episodes import sampling_params
+from rl_core.algos.grpo.learner import GRPOLearner, score
 from rl_core.algos.grpo.phases import rollout_chunk
 from rl_core.algos.grpo.update import (
     STD_EPS,
@@ -22,7 +23,7 @@ from rl_core.algos.grpo.update import (
     loss_weights,
     token_logprobs,
 )
-from rl_core.config.agent_presets import build_agent_config
+from rl_core.config.presets import build_agent_config
 from rl_core.data import read_tensors, write_tensors
 from rl_core.envs.agent import make_agent_env
 from rl_core.generation.torch_generator import TorchGenerator

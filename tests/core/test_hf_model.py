@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from rl_core.algos.grpo.sft import demonstration_segment
-from rl_core.config.agent_presets import build_agent_config
-from rl_core.config.control import ConfigError
+from rl_core.algos.preflight import preflight
+from rl_core.config.common import ConfigError
+from rl_core.config.presets import build_agent_config
 from rl_core.envs.agent import make_agent_env
 from rl_core.policies.hf_model import inspect_causal_lm, load_causal_lm
 from tests.smollm2 import smollm2_gguf
@@ -65,15 +66,15 @@ def test_a_demonstration_through_the_chat_template_is_one_exact_sequence(hf_dire
 
 
 def test_a_config_names_what_is_wrong_with_a_model_directory(hf_directory: str, tmp_path) -> None:
-    cfg = build_agent_config("tiny", model_path=hf_directory, sft_steps=0)
+    cfg = preflight(build_agent_config("tiny", model_path=hf_directory, sft_steps=0))
     assert cfg.model.path == hf_directory
     not_llama = tmp_path / "gpt2"
     not_llama.mkdir()
     (not_llama / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(ConfigError, match="not a Llama causal LM.*found \\['GPT2LMHeadModel'\\] and 'gpt2'"):
-        build_agent_config("tiny", model_path=str(not_llama))
+        preflight(build_agent_config("tiny", model_path=str(not_llama)))
     with pytest.raises(ConfigError, match="nope.gguf does not exist"):
-        build_agent_config("tiny", model_path=str(tmp_path / "nope.gguf"))
+        preflight(build_agent_config("tiny", model_path=str(tmp_path / "nope.gguf")))
 
 
 @pytest.mark.slow

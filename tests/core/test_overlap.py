@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import torch
 
+from rl_core.algos.ppo.collect import acting_version
 from rl_core.algos.ppo.in_process import train_in_process
-from rl_core.config.control_presets import build_config
-from rl_core.runtime.control.env_worker import acting_version
+from rl_core.config.presets import build_control_config
 
 
 def test_acting_version_is_one_update_stale_with_overlap_only() -> None:
-    sequential = build_config("tiny", run_name="seq")
-    overlapped = build_config("tiny", run_name="ovl", overlap=True)
+    sequential = build_control_config("tiny", run_name="seq")
+    overlapped = build_control_config("tiny", run_name="ovl", overlap=True)
     assert [acting_version(sequential, v) for v in range(4)] == [0, 1, 2, 3]
     assert [acting_version(overlapped, v) for v in range(4)] == [0, 0, 1, 2]
 
@@ -24,7 +24,7 @@ def test_overlap_changes_the_math_but_stays_reproducible(monkeypatch) -> None:
     torch's to ~1e-6, which changes a few log-probs in the last bit."""
     monkeypatch.setenv("GYMFLOW_KERNELS", "reference")
     torch.manual_seed(0)  # nothing may depend on the global generator; set it to show it does not matter
-    runs = [train_in_process(build_config("tiny", run_name="r", seed=3, num_ranks=1, iterations=3, overlap=o))
+    runs = [train_in_process(build_control_config("tiny", run_name="r", seed=3, num_ranks=1, iterations=3, overlap=o))
             for o in (True, True, False)]
     assert runs[0].policy_sha256 == runs[1].policy_sha256
     assert runs[0].policy_sha256 != runs[2].policy_sha256

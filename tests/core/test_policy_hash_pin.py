@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from rl_core.algos.ppo.in_process import train_in_process
-from rl_core.config.control_presets import build_config
+from rl_core.config.presets import build_control_config
 
 PINNED = {
     "tiny": ({}, "47cadb5b294147fd14905eb2bb00366cc71b017519bd7edd8d3464a3a536ae1e"),
@@ -24,5 +24,5 @@ PINNED = {
 def test_tiny_run_keeps_its_policy_hash(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     overrides, expected = PINNED[name]
     monkeypatch.setenv("GYMFLOW_KERNELS", "reference")
-    result = train_in_process(build_config("tiny", run_name="pin", seed=0, num_ranks=1, **overrides))
+    result = train_in_process(build_control_config("tiny", run_name="pin", seed=0, num_ranks=1, **overrides))
     assert result.policy_sha256 == expected

@@ -16,7 +16,7 @@ import pytest
 from rl_core.algos.base import build_learner, build_policy
 from rl_core.algos.ppo.evaluation import EVAL_SEED_OFFSET
 from rl_core.checkpoint import CheckpointStore
-from rl_core.config.control_presets import build_config
+from rl_core.config.presets import build_control_config
 from rl_core.data import RunLayout
 from rl_core.data.run_info import open_run
 from rl_core.envs import make_batch
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def stored_run(tmp_path: Path, env: str):
     """A tiny run of `env` with version 0 (the seeded learner) committed."""
-    cfg = build_config("tiny", run_name="render-me", store=f"file://{tmp_path}/runs", env=env)
+    cfg = build_control_config("tiny", run_name="render-me", store=f"file://{tmp_path}/runs", env=env)
     open_run(cfg)
     commit_initial(cfg, build_learner(cfg).state())
     return cfg
@@ -72,7 +72,7 @@ def test_gif_shows_the_episodes_evaluation_scores_in_real_time(tmp_path) -> None
 
 
 def test_video_is_written_through_fsspec_to_any_store() -> None:
-    cfg = build_config("tiny", run_name="render-me", store="memory://render-test/runs", env="HalfCheetah-v5")
+    cfg = build_control_config("tiny", run_name="render-me", store="memory://render-test/runs", env="HalfCheetah-v5")
     open_run(cfg)
     commit_initial(cfg, build_learner(cfg).state())
     try:

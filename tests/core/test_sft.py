@@ -6,7 +6,7 @@ import numpy as np
 
 from rl_core.algos.grpo.learner import GRPOLearner
 from rl_core.algos.grpo.sft import demonstration_segment
-from rl_core.config.agent_presets import build_agent_config
+from rl_core.config.presets import build_agent_config
 from rl_core.envs.agent import make_agent_env
 from rl_core.envs.agent.pendulum_gains import parse_plan
 from rl_core.policies.char_tokenizer import CharTokenizer

@@ -44,11 +44,11 @@ cluster.shutdown()
 DRIVER = """
 import json, sys
 from rl_core.algos.base import build_learner
-from rl_core.config.control_presets import build_config
+from rl_core.config.presets import build_control_config
 from rl_core.runtime.control.env_pool import EnvWorkerPool
 from rl_core.runtime.commits import commit_initial
 
-cfg = build_config("tiny", run_name="two-node", store=sys.argv[1], num_ranks=1)
+cfg = build_control_config("tiny", run_name="two-node", store=sys.argv[1], num_ranks=1)
 commit_initial(cfg, build_learner(cfg).state())
 pool = EnvWorkerPool(cfg)
 parts = pool.simulate(0, 0)

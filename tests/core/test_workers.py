@@ -12,7 +12,7 @@ import pytest
 
 from rl_core.algos.base import build_learner
 from rl_core.checkpoint import CheckpointStore
-from rl_core.config.control_presets import build_config
+from rl_core.config.presets import build_control_config
 from rl_core.data import RunLayout, read_tensors, write_tensors
 from rl_core.runtime.commits import commit_initial, commit_iteration, writer_store
 from rl_core.runtime.control.env_worker import EnvWorker
@@ -22,7 +22,7 @@ from tasks.score import score
 
 @pytest.fixture
 def cfg():
-    return build_config("tiny", run_name="w", store=f"memory://gymflow-test-{uuid.uuid4().hex}", num_ranks=1)
+    return build_control_config("tiny", run_name="w", store=f"memory://gymflow-test-{uuid.uuid4().hex}", num_ranks=1)
 
 
 def _start_run(cfg) -> None:

@@ -5,13 +5,14 @@ import gymnasium
 import numpy as np
 import pytest
 
-from rl_core.config.control import ConfigError
-from rl_core.config.control_presets import build_config
+from rl_core.algos.preflight import preflight
+from rl_core.config.common import ConfigError
+from rl_core.config.presets import build_control_config
 from rl_core.envs import Task, get_task, make_batch, register_task
 
 
 def test_registered_by_importing_its_module_through_the_config() -> None:
-    cfg = build_config("tiny", run_name="arm", env_module="examples.reaching_arm", env="ReachingArm-v0")
+    cfg = preflight(build_control_config("tiny", run_name="arm", env_module="examples.reaching_arm", env="ReachingArm-v0"))
     assert cfg.env.name == "ReachingArm-v0" and get_task("ReachingArm-v0").max_episode_steps == 100
 
 
@@ -38,7 +39,7 @@ def test_steps_resets_and_round_trips() -> None:
 
 def test_an_unimported_task_module_is_named_in_the_error() -> None:
     with pytest.raises(ConfigError, match=r"env.module \(--env-module\): .*'examples.no_such_task' could not be"):
-        build_config("tiny", run_name="r", env_module="examples.no_such_task", env="ReachingArm-v0")
+        preflight(build_control_config("tiny", run_name="r", env_module="examples.no_such_task", env="ReachingArm-v0"))
 
 
 def test_a_name_cannot_be_taken_twice_or_use_the_gym_prefix() -> None:

@@ -5,8 +5,9 @@ import gymnasium
 import numpy as np
 import pytest
 
-from rl_core.config.control import ConfigError
-from rl_core.config.control_presets import build_config
+from rl_core.algos.preflight import preflight
+from rl_core.config.common import ConfigError
+from rl_core.config.presets import build_control_config
 from rl_core.envs import GymnasiumBatch, make_batch
 
 
@@ -62,9 +63,9 @@ def test_restore_starts_new_episodes_with_a_warning() -> None:
 )
 def test_config_refuses_unusable_gym_envs(env: str, message: str) -> None:
     with pytest.raises(ConfigError, match=f"env.name \\(--env\\): .*{message}"):
-        build_config("tiny", run_name="r", env=env)
+        preflight(build_control_config("tiny", run_name="r", env=env))
 
 
 def test_config_refuses_randomizing_a_gym_backend() -> None:
     with pytest.raises(ConfigError, match="randomization applies to native tasks only"):
-        build_config("tiny", run_name="r", env="gym:Pendulum-v1", randomize_dynamics=0.1)
+        build_control_config("tiny", run_name="r", env="gym:Pendulum-v1", randomize_dynamics=0.1)

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-from rl_core.envs import BatchedMujocoEnv, DynamicsRandomization, get_task
+from rl_core.envs import BatchedMujocoEnv, DynamicsRandomization, get_task, native_step
 from rl_core.envs.native_step import NativeStep
 
 NUM_ENVS = 5
@@ -105,6 +105,17 @@ def test_an_unexpected_batch_wrapper_layout_falls_back_instead_of_crashing(monke
         env = BatchedMujocoEnv(get_task("Ant-v5"), 2, seed=0)
     assert env._native_step is None
     env.step(np.zeros((2, env.action_dim)))
+
+
+@needs_compiler
+def test_the_probe_names_what_is_missing(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """`native_step_problem` (what tests/test_fast_paths.py requires on the reference machine) runs the same checks
+    as an env: a build, then the wrapper's layout."""
+    probe = native_step._probe.__wrapped__  # uncached
+    assert probe(None, str(tmp_path / "cache")) is None
+    assert "failed" in probe(str(tmp_path / "no-such-cc"), str(tmp_path / "other-cache"))
+    monkeypatch.setattr(native_step, "_PYBIND11_VALUE_OFFSET", 8)
+    assert "does not hold its mjBatch" in probe(None, str(tmp_path / "cache"))
 
 
 def test_outputs_that_are_not_the_batch_s_fields_are_refused() -> None:

@@ -13,8 +13,8 @@ from prefect.artifacts import Artifact
 from flows.evaluate import evaluate_policy
 from rl_core.algos.base import build_learner
 from rl_core.checkpoint import VersionNotFoundError
-from rl_core.config.control import ConfigError
-from rl_core.config.control_presets import build_config
+from rl_core.config.common import ConfigError
+from rl_core.config.presets import build_control_config
 from rl_core.data.run_info import open_run
 from rl_core.reporting.episode_video import render_version
 from rl_core.runtime.commits import commit_initial
@@ -24,7 +24,7 @@ from tasks.render_video import video_markdown
 @pytest.fixture
 def stored_run(tmp_path):
     """A run with version 0 (the seeded learner) committed, made without Ray or a flow."""
-    cfg = build_config("tiny", run_name="eval-me", store=f"file://{tmp_path}/runs", env="Hopper-v5")
+    cfg = build_control_config("tiny", run_name="eval-me", store=f"file://{tmp_path}/runs", env="Hopper-v5")
     open_run(cfg)
     commit_initial(cfg, build_learner(cfg).state())
     return cfg

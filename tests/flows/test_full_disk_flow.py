@@ -42,9 +42,9 @@ def _fill(disk: Path) -> Path:
 
 def test_a_full_disk_mid_run_fails_clearly_and_the_rerun_finishes_bit_identical(small_disk: Path, tmp_path) -> None:
     from rl_core.algos.ppo.in_process import train_in_process
-    from rl_core.config.control_presets import build_config
+    from rl_core.config.presets import build_control_config
 
-    undisturbed = train_in_process(build_config("quick", run_name="undisturbed", seed=0, num_ranks=1,
+    undisturbed = train_in_process(build_control_config("quick", run_name="undisturbed", seed=0, num_ranks=1,
                                                 iterations=ITERATIONS))
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
     cmd = [sys.executable, "-m", "flows.tooling.cli", "train", "--preset", "quick", "--seed", "0", "--num-ranks", "1",

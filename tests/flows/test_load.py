@@ -36,10 +36,10 @@ def test_four_runs_in_parallel_on_one_store_equal_their_solo_runs(tmp_path) -> N
     """Four `gymflow train` commands at once (each its own Prefect API and Ray) write four runs into one store;
     each run's final policy equals the same configuration trained alone, in one process."""
     from rl_core.algos.ppo.in_process import train_in_process
-    from rl_core.config.control_presets import build_config
+    from rl_core.config.presets import build_control_config
 
     options = {"num_ranks": 1, "iterations": 3}
-    solo = {seed: train_in_process(build_config("tiny", run_name=f"solo-{seed}", seed=seed, **options)).policy_sha256
+    solo = {seed: train_in_process(build_control_config("tiny", run_name=f"solo-{seed}", seed=seed, **options)).policy_sha256
             for seed in SEEDS}  # also tunes the kernels first, so the four runs look up the same winners
     assert len(set(solo.values())) == len(SEEDS)
     store = tmp_path / "runs"

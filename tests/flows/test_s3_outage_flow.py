@@ -24,9 +24,9 @@ def test_an_s3_outage_mid_run_is_recovered_bit_identical(s3_server: RestartableS
     import s3fs
 
     from rl_core.algos.ppo.in_process import train_in_process
-    from rl_core.config.control_presets import build_config
+    from rl_core.config.presets import build_control_config
 
-    undisturbed = train_in_process(build_config("quick", run_name="undisturbed", seed=0, num_ranks=1,
+    undisturbed = train_in_process(build_control_config("quick", run_name="undisturbed", seed=0, num_ranks=1,
                                                 iterations=ITERATIONS))
     fs = s3fs.S3FileSystem(key=KEYS["AWS_ACCESS_KEY_ID"], secret=KEYS["AWS_SECRET_ACCESS_KEY"],
                            client_kwargs={"endpoint_url": s3_server.endpoint}, skip_instance_cache=True)

@@ -44,9 +44,9 @@ def _wait_terminal(flow_run_id: str, env: dict, worker: subprocess.Popen, timeou
 
 def test_a_deployment_run_survives_a_prefect_server_restart(tmp_path: Path) -> None:
     from rl_core.algos.ppo.in_process import train_in_process
-    from rl_core.config.control_presets import build_config
+    from rl_core.config.presets import build_control_config
 
-    undisturbed = train_in_process(build_config("quick", run_name="undisturbed", seed=0, num_ranks=1,
+    undisturbed = train_in_process(build_control_config("quick", run_name="undisturbed", seed=0, num_ranks=1,
                                                 iterations=ITERATIONS))  # also tunes the kernels the flow looks up
     run = tmp_path / "runs" / "restarted"
     with prefect_server(tmp_path) as env:

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from rl_core.checkpoint import CheckpointStore
-from rl_core.config.control import ConfigError
+from rl_core.config.common import ConfigError
 from tests.flows.flow_helpers import check_run_artifacts
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api", "local_ray")]
@@ -90,12 +90,12 @@ def test_a_run_continues_on_another_number_of_env_workers(tmp_path, monkeypatch)
     matches bit for bit); a continuation with another number of envs is refused. Reference kernels: tuned winners
     may differ between batch sizes of 4 and 8."""
     from rl_core.algos.ppo.in_process import train_in_process
-    from rl_core.config.control_presets import build_config
+    from rl_core.config.presets import build_control_config
 
     monkeypatch.setenv("GYMFLOW_KERNELS", "reference")
     _run(tmp_path, run_name="r", iterations=1, num_ranks=1)  # the tiny preset: 2 workers x 4 envs
     resized = _run(tmp_path, run_name="r", iterations=2, num_ranks=1, num_workers=1, envs_per_worker=8)
-    unsplit = train_in_process(build_config("tiny", run_name="r", iterations=2, num_ranks=1))
+    unsplit = train_in_process(build_control_config("tiny", run_name="r", iterations=2, num_ranks=1))
     store = CheckpointStore(f"{tmp_path}/runs/r/checkpoints")
     assert store.versions() == [0, 1, 2]
     assert store.load(2).tensors["env.episode_step"].tolist() == [2 * 16] * 8  # continued, not reset (HalfCheetah)
@@ -111,11 +111,11 @@ def test_command_line_stops_the_actors_it_started_when_the_run_is_refused(tmp_pa
     import ray
 
     from flows.tooling.cli import main
-    from rl_core.config.control_presets import build_config
+    from rl_core.config.presets import build_control_config
     from rl_core.data.run_info import open_run
 
     store = f"file://{tmp_path}/runs"
-    open_run(build_config("tiny", run_name="cli", store=store))  # an existing run, seed 0
+    open_run(build_control_config("tiny", run_name="cli", store=store))  # an existing run, seed 0
     assert main(["train", "--preset", "tiny", "--run-name", "cli", "--store", store, "--seed", "9"]) == 2
     assert "seed: was 0, now 9" in capsys.readouterr().err.replace("\n", " ")
     assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if "gymflow-cli-" in a["name"]]
@@ -140,11 +140,11 @@ def test_the_flow_computes_what_rl_core_computes_in_one_process(tmp_path, overla
     import torch
 
     from rl_core.algos.ppo.in_process import train_in_process
-    from rl_core.config.control_presets import build_config
+    from rl_core.config.presets import build_control_config
 
     threads = torch.get_num_threads()
     flow = _run(tmp_path, run_name="orchestrated", seed=5, num_ranks=1, overlap=overlap, iterations=3)
-    direct = train_in_process(build_config("tiny", run_name="direct", seed=5, num_ranks=1, overlap=overlap,
+    direct = train_in_process(build_control_config("tiny", run_name="direct", seed=5, num_ranks=1, overlap=overlap,
                                            iterations=3))
     assert torch.get_num_threads() == threads  # the caller's setting is restored
     assert direct.policy_sha256 == flow["policy_sha256"]

@@ -14,7 +14,13 @@ from typing import Iterator
 import pytest
 
 import gymflow_kernels as kernels
-from gymflow_kernels.proposers import ChatEndpointProposer, RenamedVariable, evaluate_proposals, extract_code, proposer_from_env
+from gymflow_kernels.proposers import (
+    ChatEndpointProposer,
+    RenamedVariable,
+    evaluate_proposals,
+    extract_code,
+    proposer_from_env,
+)
 
 SHAPE = {"T": 16, "N": 4}
 

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from rl_core.algos.grpo.trajectories import Episode, Tokenizer
+from rl_core.config.agent import AgentRunConfig
 from rl_core.envs.agent import AgentEnv
 from rl_core.generation import Generation, GenerationRequest, SamplingParams
 
@@ -43,7 +44,7 @@ def first_prompts(make_env: Callable[[], AgentEnv], tokenizer: Tokenizer, seeds:
     return [len(tokenizer.conversation_ids([("user", env.reset(seed))])) for seed in seeds]
 
 
-def run_episodes(
+def run_agent_episodes(
     specs: Sequence[EpisodeSpec],
     make_env: Callable[[], AgentEnv],
     tokenizer: Tokenizer,
@@ -113,3 +114,9 @@ def _take_turn(episode: Episode, env: AgentEnv, generation: Generation, tokenize
     episode.done = bool(done)
     if not done:
         episode.observe(tokenizer, observation, 2 * turn)
+
+
+def sampling_params(cfg: AgentRunConfig) -> SamplingParams:
+    """The distribution rollouts sample from, which the update recomputes (stop sequences are per env)."""
+    s = cfg.sampling
+    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens)

@@ -18,12 +18,14 @@ import numpy as np
 import torch
 
 from rl_core.algos.base import Algorithm, Calls, Spaces, Tensors, UpdateHooks, register_algorithm
+from rl_core.algos.grpo.checks import check_agent_run
+from rl_core.algos.grpo.episodes import sampling_params
+from rl_core.algos.grpo.phases import behaviour_version
 from rl_core.algos.grpo.sft import demonstration_segment, supervised_warm_start
 from rl_core.algos.grpo.trajectories import TrajectoryBatch
 from rl_core.algos.grpo.update import ScoredTokens, UpdateStart, group_advantages, grpo_update
 from rl_core.data import RunLayout
 from rl_core.envs.agent import make_agent_env
-from rl_core.generation import SamplingParams
 from rl_core.optim.optimizer_state import load_optimizer_arrays, optimizer_arrays
 from rl_core.policies.lm_policy import LMPolicy, hf_state, model_spec, tokenizer_of
 from rl_core.seeding import derive_seed
@@ -36,12 +38,6 @@ UPDATE_STREAM = 7
 REFERENCE_PREFIX = "reference."
 RNG_SCHEME = ("counter-based: a rollout token is drawn from (seed, stream, iteration, group, sample, turn), an "
               "update's group order from (seed, iteration, epoch)")
-
-
-def sampling_params(cfg: "AgentRunConfig") -> SamplingParams:
-    """The distribution rollouts sample from, which the update recomputes (stop sequences are per env)."""
-    s = cfg.sampling
-    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens)
 
 
 class GRPOLearner:
@@ -171,4 +167,6 @@ register_algorithm(Algorithm(
     counters=counters,
     warm_start=True,
     uses_spaces=False,
+    check=check_agent_run,
+    behaviour_version=behaviour_version,
 ))

@@ -13,8 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rl_core.algos.grpo.episodes import EVAL_STREAM, ROLLOUT_STREAM, EpisodeSpec, Generate, first_prompts, run_episodes
-from rl_core.algos.grpo.learner import sampling_params
+from rl_core.algos.grpo.episodes import (
+    EVAL_STREAM,
+    ROLLOUT_STREAM,
+    EpisodeSpec,
+    Generate,
+    first_prompts,
+    run_agent_episodes,
+    sampling_params,
+)
 from rl_core.algos.grpo.sft import demonstration_segment
 from rl_core.algos.grpo.trajectories import Episode, Tokenizer, TrajectoryBatch, episode_meta
 from rl_core.envs.agent import AgentEnv
@@ -56,7 +63,7 @@ def rollout_chunk(cfg: "AgentRunConfig", make_env: MakeEnv, tokenizer: Tokenizer
     seeds = iteration_problems(cfg, make_env(), iteration)
     groups = chunk_groups(cfg, chunk)
     specs = [EpisodeSpec(g, s, seeds[g]) for g in groups for s in range(cfg.algorithm.group_size)]
-    episodes = run_episodes(specs, make_env, tokenizer, generate, sampling_params(cfg),
+    episodes = run_agent_episodes(specs, make_env, tokenizer, generate, sampling_params(cfg),
                             (cfg.seed, ROLLOUT_STREAM, iteration), context, version, step_threads)
     batch = TrajectoryBatch.from_episodes(episodes, tokenizer.pad_id)
     meta = {"iteration": iteration, "version": version, "chunk": chunk, "groups": [groups.start, groups.stop],
@@ -83,7 +90,7 @@ def evaluate_heldout(cfg: "AgentRunConfig", make_env: MakeEnv, tokenizer: Tokeni
     for every version evaluated (so two versions are compared on the same draws)."""
     seeds = make_env().problem_seeds("heldout", cfg.eval_problems)
     specs = [EpisodeSpec(i, 0, seed) for i, seed in enumerate(seeds)]
-    episodes = run_episodes(specs, make_env, tokenizer, generate, sampling_params(cfg), (cfg.seed, EVAL_STREAM),
+    episodes = run_agent_episodes(specs, make_env, tokenizer, generate, sampling_params(cfg), (cfg.seed, EVAL_STREAM),
                             context, version, step_threads)
     return {"version": version, **rollout_metrics(episodes)}
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from rl_core.algos.ppo.batches import Experience
+from rl_core.config.control import ControlRunConfig
 from rl_core.envs import BatchedMujocoEnv, GymnasiumBatch
 from rl_core.policies.mlp import ActorCritic
 from rl_core.policies.normalizer import Moments, ObservationNormalizer
@@ -86,3 +87,8 @@ def collect_rollout(
     )
     return experience, {"finished_returns": finished, "env_steps": steps * n}
 
+
+def acting_version(cfg: ControlRunConfig, version: int) -> int:
+    """The policy version that collects from env version `version`: the same one, or with `cfg.overlap` the one
+    before (one update stale), which lets the next collection run while `version` is still being trained."""
+    return max(version - 1, 0) if cfg.overlap else version

@@ -30,31 +30,31 @@ class ControlPolicy(Protocol):
     def load_state(self, state: Tensors) -> None: ...
 
 
-def evaluate_policy(cfg: ControlRunConfig, policy: ControlPolicy, episodes: int) -> dict[str, float]:
+def evaluate_control_policy(cfg: ControlRunConfig, policy: ControlPolicy, episodes: int) -> dict[str, float]:
     """Mean and std of the deterministic policy's episode returns, and a uniform-random policy's mean."""
     eval_seed = derive_seed(cfg.seed, EVAL_SEED_OFFSET)
     randomization = cfg.env.randomization
-    learned = run_episodes(make_batch(cfg.env.name, episodes, eval_seed, randomization=randomization),
+    learned = run_control_episodes(make_batch(cfg.env.name, episodes, eval_seed, randomization=randomization),
                            policy.deterministic_action)
     env = make_batch(cfg.env.name, episodes, eval_seed, randomization=randomization)
     rng = np.random.default_rng(eval_seed)
-    random = run_episodes(env, lambda obs: rng.uniform(env.action_low, env.action_high, (episodes, env.action_dim)))
+    random = run_control_episodes(env, lambda obs: rng.uniform(env.action_low, env.action_high, (episodes, env.action_dim)))
     return {"final_return": float(np.mean(learned)), "final_return_std": float(np.std(learned)),
             "random_return": float(np.mean(random)), "episodes": episodes}
 
 
-def evaluate_version(cfg: ControlRunConfig, version: int | None, episodes: int) -> dict:
+def evaluate_control_version(cfg: ControlRunConfig, version: int | None, episodes: int) -> dict:
     """Evaluate checkpoint ``version`` of the run (None: the newest loadable one) in this process."""
     snapshot = CheckpointStore(RunLayout(cfg.run_url).checkpoints).load(version)
     policy = build_policy(cfg)
     policy.load_state(snapshot.tensors)
-    result = evaluate_policy(cfg, policy, episodes)
+    result = evaluate_control_policy(cfg, policy, episodes)
     result.update(version=snapshot.version, env_steps=snapshot.meta.get("env_steps"),
                   policy_sha256=policy_sha256(snapshot.tensors))
     return result
 
 
-def run_episodes(env: BatchedMujocoEnv | GymnasiumBatch, policy: Actions) -> np.ndarray:
+def run_control_episodes(env: BatchedMujocoEnv | GymnasiumBatch, policy: Actions) -> np.ndarray:
     """Step until every env finished its first episode; returns the per-env episode returns."""
     returns = np.full(env.num_envs, np.nan)
     while np.isnan(returns).any():

@@ -29,7 +29,8 @@ from rl_core.algos.base import (
     policy_sha256,
 )
 from rl_core.algos.hot_ops import hot_ops, tune_hot_ops
-from rl_core.algos.ppo.evaluation import evaluate_policy
+from rl_core.algos.ppo.evaluation import evaluate_control_policy
+from rl_core.algos.preflight import preflight
 from rl_core.config.control import ControlRunConfig
 from rl_core.config.threads import TRAINER_THREADS
 from rl_core.envs import make_batch
@@ -64,6 +65,7 @@ def train_in_process(
     the count, so it is what gives the flow's weights. It is also the faster setting here: HalfCheetah ran 14.1k
     steps/s at one thread and 13.2k at two (a 64-unit MLP's ops are too small to split).
     """
+    preflight(cfg)  # an edge, like the command line: the env module imported, the env registered
     previous = torch.get_num_threads()
     torch.set_num_threads(torch_threads)
     try:
@@ -118,6 +120,6 @@ def _train(cfg: ControlRunConfig, on_iteration: Callable[[int, dict[str, float]]
                 on_iteration(iteration, metrics)
             clock.lap()
     train_s = time.perf_counter() - start
-    evaluation = evaluate_policy(cfg, learner.policy, cfg.eval_episodes)
+    evaluation = evaluate_control_policy(cfg, learner.policy, cfg.eval_episodes)
     return InProcessResult(evaluation, policy_sha256(learner.state()), cfg.iterations * cfg.batch_size, train_s,
                            time.perf_counter() - start, clock.total_s, clock.first_s, history)

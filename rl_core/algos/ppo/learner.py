@@ -15,11 +15,11 @@ import gymflow_kernels as kernels
 from rl_core.algos.base import Algorithm, Calls, Spaces, Tensors, UpdateHooks, register_algorithm
 from rl_core.algos.ppo.advantages import score_experience
 from rl_core.algos.ppo.batches import Experience, ScoredBatch
-from rl_core.algos.ppo.collect import collect_rollout
+from rl_core.algos.ppo.collect import acting_version, collect_rollout
 from rl_core.algos.ppo.update import RolloutBatch, decoupled, ppo_update, summarize_epochs
 from rl_core.config.control import ControlRunConfig, PPOConfig
 from rl_core.config.threads import update_cores
-from rl_core.optim.fused_adam import FusedAdam
+from rl_core.optim.adam import FusedAdam
 from rl_core.optim.optimizer_state import load_optimizer_arrays, optimizer_arrays
 from rl_core.policies.mlp import ActorCritic
 from rl_core.policies.normalizer import Moments, ObservationNormalizer
@@ -181,4 +181,5 @@ register_algorithm(Algorithm(
     counters=counters,
     initial_carry=initial_carry,
     collect=collect,
+    behaviour_version=acting_version,
 ))

@@ -19,8 +19,7 @@ import gymflow_kernels as kernels
 from rl_core.algos.base import Epochs, UpdateHooks
 from rl_core.algos.ppo.batches import ScoredBatch
 from rl_core.config.control import PPOConfig
-from rl_core.optim.adam_step import AdamStep
-from rl_core.optim.fused_adam import FusedAdam
+from rl_core.optim.adam import AdamStep, FusedAdam
 from rl_core.optim.gradients import clip_grad_norm_, flat_grad_views
 from rl_core.optim.instability import NonFiniteGuard, poison_if_not_finite
 from rl_core.policies.mlp import ActorCritic

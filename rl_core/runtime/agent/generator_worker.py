@@ -20,11 +20,12 @@ from rl_core.checkpoint import CheckpointStore
 from rl_core.config.agent import AgentRunConfig, parse_run_config
 from rl_core.config.threads import GENERATOR_THREADS
 from rl_core.data import RunLayout
+from rl_core.envs.registry import import_env_module
 from rl_core.generation import Generation, GenerationRequest, Generator
 from rl_core.generation.torch_generator import TorchGenerator
 from rl_core.policies.lm_policy import build_language_model, hf_state
 from rl_core.runtime.faults import maybe_fail
-from rl_core.runtime.local_ray import actor_options, ensure_ray, wait_until_names_free
+from rl_core.runtime.local_ray import actor_cpus, actor_options, ensure_ray, wait_until_names_free
 
 NO_VERSION = -1
 """What a new actor holds: no committed version, so it must sync before it generates."""
@@ -44,6 +45,7 @@ class GeneratorWorker:
     def __init__(self, config_json: str) -> None:
         torch.set_num_threads(GENERATOR_THREADS)
         self.cfg = parse_run_config(config_json)
+        import_env_module(self.cfg.env.module)  # the run's own envs, registered in this process too
         model, _ = build_language_model(self.cfg)
         if self.cfg.generator == "vllm":
             from rl_core.generation.vllm_generator import VLLMGenerator
@@ -92,7 +94,7 @@ class GeneratorClient:
     def _handle(self) -> ray.actor.ActorHandle:
         with self._lock:
             if self._actor is None:
-                ensure_ray(self.cfg.actor_cpus)
+                ensure_ray(actor_cpus(self.cfg))
                 gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0  # a GPU, where the cluster has one
                 remote = ray.remote(num_cpus=1, num_gpus=gpus)(GeneratorWorker).options(
                     name=self.name, get_if_exists=True, max_concurrency=1, **actor_options())

@@ -3,7 +3,7 @@ scored by the batched MuJoCo envs of `rl_core.envs`, on workers, not in the proc
 
 Such an env takes an `evaluator` (plans, problem seeds -> rewards) and keeps it as `.evaluator`; a worker calls the
 env's own default evaluator, and the driver's envs get `SimulationPool.evaluate`, which hands each call to the next
-worker. Episodes step their envs on `num_workers` threads at a time (`agent_rollout.run_episodes`), so that many
+worker. Episodes step their envs on `num_workers` threads at a time (`agent_rollout.run_agent_episodes`), so that many
 simulations run at once.
 """
 from __future__ import annotations
@@ -16,7 +16,8 @@ import ray
 from rl_core.config.agent import AgentRunConfig, parse_run_config
 from rl_core.config.threads import ENV_WORKER_THREADS
 from rl_core.envs.agent import make_agent_env
-from rl_core.runtime.local_ray import actor_options, ensure_ray, wait_until_names_free
+from rl_core.envs.registry import import_env_module
+from rl_core.runtime.local_ray import actor_cpus, actor_options, ensure_ray, wait_until_names_free
 
 
 class SimulationWorkerDied(RuntimeError):
@@ -31,6 +32,7 @@ class SimulationWorker:
 
         torch.set_num_threads(ENV_WORKER_THREADS)
         self.cfg = parse_run_config(config_json)
+        import_env_module(self.cfg.env.module)  # the run's own envs, registered in this process too
         self.evaluator = make_agent_env(self.cfg.env.name).evaluator
 
     def ping(self) -> bool:
@@ -55,7 +57,7 @@ class SimulationPool:
     def _actor(self, index: int) -> ray.actor.ActorHandle:
         with self._lock:
             if index not in self._actors:
-                ensure_ray(self.cfg.actor_cpus)
+                ensure_ray(actor_cpus(self.cfg))
                 remote = ray.remote(num_cpus=1)(SimulationWorker).options(
                     name=self._name(index), get_if_exists=True, **actor_options())
                 self._actors[index] = remote.remote(self.cfg.model_dump_json())

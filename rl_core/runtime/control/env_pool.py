@@ -19,7 +19,7 @@ import ray
 
 from rl_core.config.control import ControlRunConfig
 from rl_core.runtime.control.env_worker import EnvWorker
-from rl_core.runtime.local_ray import actor_options, ensure_ray, wait_until_names_free
+from rl_core.runtime.local_ray import actor_cpus, actor_options, ensure_ray, wait_until_names_free
 
 
 class EnvWorkerDied(RuntimeError):
@@ -39,7 +39,7 @@ class EnvWorkerPool:
     """The run's env workers: `simulate` fans one iteration out to all of them."""
 
     def __init__(self, cfg: ControlRunConfig) -> None:
-        ensure_ray(cfg.actor_cpus)
+        ensure_ray(actor_cpus(cfg))
         self.cfg = cfg
         self.total_envs = cfg.env.num_envs
         self.num_workers = cfg.env.num_workers

@@ -14,20 +14,15 @@ import torch
 
 from rl_core.algos.base import Spaces, algorithm_of, build_policy, policy_sha256
 from rl_core.algos.ppo.batches import ENV_STATE_PREFIX
-from rl_core.algos.ppo.evaluation import evaluate_policy
+from rl_core.algos.ppo.evaluation import evaluate_control_policy
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config.control import ControlRunConfig
 from rl_core.config.threads import ENV_WORKER_THREADS
 from rl_core.data import RunLayout, write_tensors
 from rl_core.envs import make_batch
+from rl_core.envs.registry import import_env_module
 from rl_core.runtime.faults import maybe_fail
 from rl_core.runtime.version_state import env_states, learner_state
-
-
-def acting_version(cfg: ControlRunConfig, version: int) -> int:
-    """The policy version that collects from env version `version`: the same one, or with `cfg.overlap` the one
-    before (one update stale), which lets the next collection run while `version` is still being trained."""
-    return max(version - 1, 0) if cfg.overlap else version
 
 
 class EnvWorker:
@@ -40,6 +35,7 @@ class EnvWorker:
     def __init__(self, config_json: str, worker_index: int, envs: tuple[int, int] | None = None) -> None:
         torch.set_num_threads(ENV_WORKER_THREADS)
         self.cfg = ControlRunConfig.model_validate_json(config_json)
+        import_env_module(self.cfg.env.module)  # the run's own envs, registered in this process too
         self.algorithm = algorithm_of(self.cfg)
         self.worker_index = worker_index
         per_worker = self.cfg.env.envs_per_worker
@@ -93,7 +89,7 @@ class EnvWorker:
     def simulate(self, iteration: int, version: int) -> dict:
         """Collect one rollout from the envs of `version`, acting with the policy of `acting_version`;
         write experience and end env state; return a summary."""
-        self._sync(version, acting_version(self.cfg, version))
+        self._sync(version, self.algorithm.behaviour_version(self.cfg, version))
         self.env_version = None  # the envs are mid-change until the shard is written
         arrays, meta = self.algorithm.collect(self.cfg, self.policy, self.env, self.carry, iteration,
                                               self.env_offset)
@@ -110,4 +106,4 @@ class EnvWorker:
         snapshot = self.store.load(version)
         self.policy.load_state(snapshot.tensors)
         self.policy_version = version
-        return {**evaluate_policy(self.cfg, self.policy, episodes), "policy_sha256": policy_sha256(snapshot.tensors)}
+        return {**evaluate_control_policy(self.cfg, self.policy, episodes), "policy_sha256": policy_sha256(snapshot.tensors)}

@@ -1,12 +1,10 @@
-"""C++ shared by kernels that split a call's work in two halves: `both(threads, first, second)` runs `first` on the
-calling thread and offers `second` to a per-process helper thread, or runs both in turn on one core.
+// Shared by kernels that split a call's work in two halves (ppo_grad.cpp): `both(threads, first, second)` runs
+// `first` on the calling thread and offers `second` to a per-process helper thread, or runs both in turn on one
+// core. A file of its own because the hand-off (who takes the second half, how long the helper spins, what a fork
+// or a second calling thread does) is a job apart from any kernel's arithmetic. The calling Python decides the
+// thread count with `gymflow_kernels.using_cores`. Included as text by gymflow_kernels.native.cpp_source.
+#pragma once
 
-Why its own module: the hand-off (who takes the second half, how long the helper spins, what a fork or a second
-calling thread does) is a job apart from any kernel's arithmetic, and `kernels.ppo_grad` is its first user.
-The calling Python decides the thread count with `gymflow_kernels.using_cores`.
-"""
-
-CPP_TWO_HALVES = r"""
 #include <unistd.h>
 
 #include <atomic>
@@ -126,4 +124,3 @@ static void both(std::int64_t threads, const std::function<void()>& first, const
   first();
   helper.finish();
 }
-"""
