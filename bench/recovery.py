@@ -24,8 +24,9 @@ same command, as a user would. Per kind:
 
 Last line: one JSON object with `faults` (per kind: detected, recovered, bit_identical, lost_s, lost_env_steps or
 lost_tokens, lost_work_over_interval, fault_to_progress_s, data_lost) and `all_recovered`.
-Storage outages, a full disk and racing runs are drilled at the store and flow level by tests (RELIABILITY.md), not
-here: they lose no work by design (the commit fails before anything is visible, and the step retries).
+Storage outages, a full disk and racing runs are drilled at the store and flow level by tests
+(docs/guides/resume-and-faults.md), not here: they lose no work by design (the commit fails before anything is
+visible, and the step retries).
 """
 from __future__ import annotations
 

@@ -18,9 +18,10 @@ truncated importance weights, `rl_core/algos/grpo/update.py`).
 
 The steps after rollout are the control flow's own tasks: they reach GRPO through the algorithm seam, as the flow
 does for the version each rollout samples from. Each commit lands before the next iteration starts (the run's
-`CommitPipeline`, without overlap): the next rollout's generator syncs weights from committed versions only. The flow's
-parameters are the agent run's launch options (`rl_core.config.launch_options.agent_launch_options`); `gymflow train-agent`
-runs it from a terminal, `prefect deployment run 'train-agent/agent-train'` through a worker.
+`CommitPipeline`, without overlap): the next rollout's generator syncs weights from committed versions only.
+
+The flow's parameters are the agent run's launch options (`rl_core.config.launch_options.agent_launch_options`);
+`gymflow train-agent` runs it from a terminal, `prefect deployment run 'train-agent/agent-train'` through a worker.
 """
 from __future__ import annotations
 

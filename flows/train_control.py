@@ -131,7 +131,7 @@ def train_control(**options: Any) -> dict:
                 with waits("train"):
                     trained = [s.result() for s in shards]
             finally:
-                landed = commits.land(waits)  # v_i (before v_i+1, a delta on it), even when a step of iteration i failed
+                landed = commits.land(waits)  # v_i (before v_i+1, a delta on it), even when a step of i failed
                 if landed:
                     report_landed(report, returns, landed)
             finishing = Trained(sim, trained[0], waits, clock.lap())

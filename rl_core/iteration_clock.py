@@ -1,7 +1,8 @@
 """The wall time of a run's iterations, with the first one apart.
 
 The first iteration pays one-off costs: the actors' first collection and update, and a fresh process's optimizer
-(creating one imports `torch._dynamo`, ~2 s here). Benchmarks count it as start-up and compare the iterations after it.
+(creating one imports `torch._dynamo`, a heavy import). Benchmarks count it as start-up and compare the iterations
+after it.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""bench/intervals.py: the statistics README's return claims rest on (IQM, bootstrap intervals, the verdict)."""
+"""bench/intervals.py: the statistics docs/benchmarks.md's return claims rest on (IQM, bootstrap intervals, the
+verdict)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,6 @@
-"""Every benchmark under bench/ starts as README runs it (`python bench/<name>.py`): run as a script, its folder
-comes first on sys.path, where bench/kernels.py once shadowed the `kernels` package and broke bench/simulate.py."""
+"""Every benchmark under bench/ starts as docs/benchmarks.md runs it (`python bench/<name>.py`): run as a script, its
+folder comes first on sys.path, where bench/kernels.py once shadowed the `kernels` package and broke
+bench/simulate.py."""
 
 from __future__ import annotations
 

@@ -35,8 +35,10 @@ def imported(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""]) if node.level else node.module
-            base = base.strip(".")
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""]).strip(".")
+            else:
+                base = node.module
             names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
         for name in names:
             while name and name not in modules:

@@ -13,9 +13,10 @@ from rl_core.data.run_lease import RunLease
 
 
 def start_run(cfg: AnyRunConfig, credentials_block: str | None) -> tuple[RunInfo, RunLease]:
-    """Check what the config needs of the world (`preflight`), export the block's credentials (before anything touches the store or starts Ray, whose workers inherit them),
-    create or check the run's run.json, and take the run's lease (one flow run trains a run at a time: RunBusy
-    names the holder); logs whether the run is new or continued. The flow releases the lease when it ends."""
+    """Check what the config needs of the world (`preflight`), export the block's credentials (before anything
+    touches the store or starts Ray, whose workers inherit them), create or check the run's run.json, and take the
+    run's lease (one flow run trains a run at a time: RunBusy names the holder); logs whether the run is new or
+    continued. The flow releases the lease when it ends."""
     logger = get_run_logger()
     preflight(cfg)  # once per process: free after the command line's
     require_shared_store(cfg.storage.url)

@@ -195,8 +195,8 @@ def _train_agent(args: argparse.Namespace) -> dict[str, Any]:
 def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: Callable, actors_of: Callable,
               load_flow: Callable[[], Callable], columns: tuple[str, ...], print_summary: Callable) -> dict[str, Any]:
     """Validate the options; start Prefect's temporary API (when none is configured), Ray and the run's actors, and
-    import the flow (`load_flow`), each without waiting for the one before (see flows/tooling/startup.py); run the flow under
-    a progress bar and print its summary. Returns the summary with `command_s`, the whole command's seconds, and
+    import the flow (`load_flow`), each without waiting for the one before (see flows/tooling/startup.py); run the
+    flow under a progress bar and print its summary. Returns the summary with `command_s`, the whole command's seconds, and
     `startup_s`, from the process's start (the interpreter and every import included) to the start of the first
     iteration it trained (None when it trained none)."""
     import psutil
@@ -218,7 +218,7 @@ def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: C
     if not args.store_credentials_block:
         from rl_core.runtime.local_ray import actor_cpus, start_ray_in_background
 
-        start_ray_in_background(actor_cpus(cfg))  # while this thread imports torch and Prefect (tooling/startup.py)
+        start_ray_in_background(actor_cpus(cfg))  # while this thread imports torch, Prefect (flows/tooling/startup.py)
     from flows.tooling.startup import api_for_the_run, start_temporary_api
 
     api = start_temporary_api()
@@ -294,14 +294,14 @@ def console_main() -> None:
     interpreter's teardown.
 
     Why: once the exit handlers have run (Prefect's temporary API stopped, Ray shut down, logs flushed, the JSON
-    line printed), finalizing the modules a run loads (torch, Ray's core worker, Prefect) took another ~1.8 s
-    here and does nothing a run needs. An exception (argparse's exit included), or a thread still running that the
+    line printed), finalizing the modules a run loads (torch, Ray's core worker, Prefect) is a noticeable wait of
+    its own and does nothing a run needs. An exception (argparse's exit included), or a thread still running that the
     interpreter would wait for, leaves the ordinary way.
     """
     code = main()
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)  # threads the interpreter would wait for (an executor's work): the ordinary way
-    if "ray" in sys.modules:  # a command that used Ray (importing it here would cost a command without it ~1 s)
+    if "ray" in sys.modules:  # a command that used Ray (importing it here would charge one without it Ray's import)
         from rl_core.runtime.local_ray import shutdown_local_ray
 
         try:

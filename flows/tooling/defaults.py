@@ -12,7 +12,7 @@ import sys
 
 PREFECT_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    # The temporary local API takes ~15 s to start cold on a 2-core machine; Prefect's default allows 20 s.
+    # The temporary local API's cold start on a busy 2-core machine comes close to Prefect's default allowance (20 s).
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
 }
 

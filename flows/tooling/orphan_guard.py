@@ -2,10 +2,10 @@
 
 A command's children (Prefect's temporary API server, Ray's GCS, raylet and agents, their workers) are stopped by
 the command at exit; a command killed outright never gets there, and some would live on as orphans (the API server,
-~250 MB, and Ray's dashboard and runtime-env agents, one set more per crash). `guard()` starts a small watcher, in a
-session of its own, that follows the command's process tree while the command runs; once the command is gone,
-whichever way it went, it stops what is left of that tree (SIGTERM, then SIGKILL after a grace period), checking each
-process's start time so that a reused process id is never signalled.
+a large process, and Ray's dashboard and runtime-env agents, one set more per crash). `guard()` starts a small
+watcher, in a session of its own, that follows the command's process tree while the command runs; once the command
+is gone, whichever way it went, it stops what is left of that tree (SIGTERM, then SIGKILL after a grace period),
+checking each process's start time so that a reused process id is never signalled.
 
     python -m flows.tooling.orphan_guard PARENT_PID
 """

@@ -1,17 +1,17 @@
 """Start-up work the command line overlaps: Prefect's temporary API and the run's Ray actors.
 
 Run as a command with no Prefect API configured, a flow would first start Prefect's temporary API server and wait
-for it (~4 s here), and only then start Ray and the run's actors (~5 s: each imports torch and builds its envs).
-None of these needs another, so the command starts the API server process first, then Ray and the actors, then
-imports the flow, and waits for the API only when the flow is about to run. A deployment run has its API already;
-its flow starts Ray and the actors itself (`ControlActors.start`, `AgentActors.start`). The actors are named after the
-run, so the flow's own actors object finds the ones started here.
+for it, and only then start Ray and the run's actors (each imports torch and builds its envs): two slow starts, one
+after the other. None of these needs another, so the command starts the API server process first, then Ray and the
+actors, then imports the flow, and waits for the API only when the flow is about to run. A deployment run has its API
+already; its flow starts Ray and the actors itself (`ControlActors.start`, `AgentActors.start`). The actors are named
+after the run, so the flow's own actors object finds the ones started here.
 
 The command starts the API server process itself (`TemporaryApi`), with the command line, the environment and the
 settings Prefect's own temporary server gets (`prefect.server.api.server.SubprocessASGIServer`), and hands the flow
 its address as the configured API. Why not Prefect's class: importing its module imports the whole server (its
 app, routers and database layer) into the command, on the critical path of a start-up that keeps a small machine's
-cores busy, for a server that runs in another process (README's start-up row has the figures).
+cores busy, for a server that runs in another process (the start-up figures are in docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -47,14 +47,15 @@ UNREAD_RECORDS_OFF = {
     PREFECT_LOGGING_TO_API_ENABLED: False,
 }
 """What a temporary API would record for nobody: its database is deleted when the command ends, it serves no UI,
-and no automation can exist in it. Writing each task run's states, every event and every log line into it took
-0.28 of this machine's two cores while a quick HalfCheetah run iterated (0.43 s an iteration with them, 0.39 s
-without). The command prints its progress; the run's report, metrics and checkpoints are in its store."""
+and no automation can exist in it. Writing each task run's states, every event and every log line into it took a
+sizable share of a 2-core machine while a quick HalfCheetah run iterated, and lengthened its iterations. The command
+prints its progress; the run's report, metrics and checkpoints are in its store."""
 
 NO_HEARTBEATS = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
 """The flow run's heartbeats, for a temporary API: a server detects a crashed run by its missing heartbeats, and this
-one ends with the run. Prefect's heartbeat thread sleeps in whole seconds and the run's end joins it: 0.5 s of every
-command's end on average (0.85 s in a profiled run). Client-side only, so not among the server's settings."""
+one ends with the run. Prefect's heartbeat thread sleeps in whole seconds and the run's end joins it, waiting out
+the rest of its sleep: half a second of every command's end on average. Client-side only, so not among the server's
+settings."""
 
 PORTS = range(8000, 9000)
 """Where the server listens: Prefect's own range for its temporary server, outside the kernel's ephemeral ports, so
@@ -171,9 +172,8 @@ def api_for_the_run(api: TemporaryApi | None) -> Iterator[None]:
 def no_events() -> Iterator[None]:
     """Within: Prefect's clients send no events, for a temporary API that records none (`UNREAD_RECORDS_OFF`: its
     task-run recorder and event persister are off). Each task run's state changes are events, built, sent and parsed
-    only for the server to drop them: over 12 s of a quick HalfCheetah flow, the flow's process took 38.3 against 47.3
-    ms of CPU an iteration without them and the server 2.0 against 8.2; all processes 320-335 against 344-359 ms, the
-    iterations 174-185 against 191-200 ms (3 alternating pairs). Prefect's own switch: an events client that sends
+    only for the server to drop them: without them, the flow's process and the server each spend less CPU an
+    iteration, and a quick HalfCheetah flow's iterations are shorter. Prefect's own switch: an events client that sends
     nothing, which `emit_event` checks before it builds an event."""
     from prefect.events.clients import NullEventsClient
     from prefect.events.worker import EventsWorker

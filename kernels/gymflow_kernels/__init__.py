@@ -67,9 +67,9 @@ class Dispatcher:
 
     def resolve(self, *args: Any, **kwargs: Any) -> Callable[..., Any]:
         """The implementation a call with these arguments runs, for a caller that makes many calls of one shape (a
-        rollout's steps, an update's minibatches): calling it directly skips the per-call lookup (~8 us here: a stat
-        of the winners file, the bucket, the cache key), and a winner tuned meanwhile is picked up at the next
-        resolve."""
+        rollout's steps, an update's minibatches): calling it directly skips the per-call lookup (a stat of the
+        winners file, the bucket, the cache key: as much as a small op itself may cost), and a winner tuned meanwhile
+        is picked up at the next resolve."""
         name = self.choose(*args, **kwargs)
         return self.op.reference if name == REFERENCE else self.op.candidates[name]
 

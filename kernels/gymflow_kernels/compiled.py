@@ -1,8 +1,8 @@
 """`torch.compile` (inductor) candidates, opt-in because compiling is slow on a small CPU.
 
-Measured on a 2-core machine: a cold compile takes 48-227 s and a warm one (inductor cache hit) 5-15 s, every
-process. So these candidates sit in the opt-in group `COMPILE`: tried only when asked for, and the tuner weighs the
-first call's setup against the op's expected calls per run before letting one win. Inductor's cache goes to
+On a 2-core machine a cold compile can take minutes, and a warm one (an inductor cache hit) still pays a setup in
+every process. So these candidates sit in the opt-in group `COMPILE`: tried only when asked for, and the tuner weighs
+the first call's setup against the op's expected calls per run before letting one win. Inductor's cache goes to
 `<cache dir>/kernels/inductor` (unless TORCHINDUCTOR_CACHE_DIR is set), next to the C++ builds.
 """
 

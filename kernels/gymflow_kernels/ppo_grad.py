@@ -9,8 +9,8 @@ Every implementation has the signature
 with the parameters in `ActorCritic.ordered_parameters` order (two tanh MLPs of two hidden layers in nn.Linear's layout,
 then the state-independent log-std) and `grad` their gradients flattened in that order, which is the vector the
 ranks all-reduce. Why an op of its own: at PPO's minibatch sizes a gradient step through eager autograd is some sixty
-small ops, and on a CPU their dispatch and torch's slow tanh (3x sigmoid's cost on this build) outweigh the
-arithmetic; one pass in C++ does the same sums.
+small ops, and on a CPU their dispatch and torch's slow tanh (several times sigmoid's cost on the builds measured)
+outweigh the arithmetic; one pass in C++ does the same sums.
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ def ppo_grad_cpp(
 ) -> tuple[Tensor, Tensor]:
     """Forward, loss and backward of both MLPs in one C++ call (built on first use, cached on disk); tanh is the
     rational approximation of the policy forward kernel, whose derivative is taken as 1 - tanh^2 like autograd's.
-    Inside `using_cores(2)` the critic runs on a helper thread beside the actor: the same bits, in 0.55x the time
-    where the second core is free (0.30 against 0.54 ms for HalfCheetah's minibatch of 512, calls back to back)."""
+    Inside `using_cores(2)` the critic runs on a helper thread beside the actor: the same bits, in little more than
+    half the time where the second core is free (the two halves are of similar size)."""
     kernel = load_function("ppo_grad", _CPP_SOURCE, "gymflow_ppo_grad",
                            (PTR,) * 8 + (I64,) * 3 + (F64,) * 3 + (I64,) * 2 + (PTR,) * 2)
     params, (clip_coef, vf_coef, ent_coef, clip_vloss) = params_and_coefs[:NUM_PARAMS], params_and_coefs[NUM_PARAMS:]

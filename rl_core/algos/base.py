@@ -97,6 +97,24 @@ class Learner(Protocol):
 
 
 @dataclass(frozen=True)
+class Rollouts:
+    """How an algorithm whose experience is agent episodes (GRPO) collects it, as the agent runtime's rollout step
+    and held-out evaluation drive it: an iteration's episodes in chunks, each written as soon as it is sampled (the
+    rollout's safe points). The episodes' types (env factory, tokenizer, generate) are the algorithm's own."""
+
+    chunks: Callable[[Any], int]
+    """cfg -> how many chunks an iteration's rollout writes."""
+    check: Callable[..., None]
+    """(cfg, make_env, tokenizer, context, iteration) -> a ValueError when the iteration's prompts leave no room."""
+    chunk: Callable[..., tuple[Tensors, dict[str, Any]]]
+    """(cfg, make_env, tokenizer, generate, context, iteration, version, chunk, step_threads) -> (arrays, meta)."""
+    metrics: Callable[[list[Tensors], int], dict[str, float]]
+    """(the iteration's chunks in order, the tokenizer's pad id) -> the rollout's metrics."""
+    evaluate: Callable[..., dict[str, Any]]
+    """(cfg, make_env, tokenizer, generate, context, version, step_threads) -> held-out metrics of `version`."""
+
+
+@dataclass(frozen=True)
 class Algorithm:
     """One registered algorithm: its builders and its phase functions (see the module docstring)."""
 
@@ -110,7 +128,8 @@ class Algorithm:
     initial_carry: Callable[[int], Tensors] | None = None
     """Per-env arrays an algorithm carries across iterations with the envs (checkpointed with them), for N envs;
     None for an algorithm whose experience does not come from env workers (GRPO's comes from rollouts)."""
-    collect: Callable[["ControlRunConfig", Policy, Any, Tensors, int, int], tuple[Tensors, dict[str, Any]]] | None = None
+    collect: (Callable[["ControlRunConfig", Policy, Any, Tensors, int, int], tuple[Tensors, dict[str, Any]]]
+              | None) = None
     """(cfg, policy, envs, carry, iteration, first env index) -> (experience, small JSON meta); updates carry."""
     counters: Callable[["ControlRunConfig", list[str], "dict[str, Any] | None"], dict[str, Any]] | None = None
     """(cfg, the iteration's experience URIs, the parent version's meta; None for version 0) -> JSON counters of
@@ -119,6 +138,8 @@ class Algorithm:
     """Whether a new run's version 0 is the learner after its `warm_start()` (GRPO: SFT) instead of as built."""
     uses_spaces: bool = True
     """Whether its builders need the MuJoCo task's observation and action sizes (`env_spaces`); else they get None."""
+    rollouts: Rollouts | None = None
+    """How agent episodes are collected, for an algorithm whose experience comes from rollouts, not env workers."""
     behaviour_version: Callable[[Any, int], int] = lambda cfg, iteration: iteration
     """(cfg, iteration) -> the policy version that acts in (collects or samples) iteration `iteration`: the version it
     trains from, or with overlap or staleness the one before. A rule, not a mode: a retried step asks the same."""

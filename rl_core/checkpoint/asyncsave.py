@@ -9,10 +9,9 @@ but not yet committed; a further ``save`` blocks until one finishes, so memory s
 to the original) by the next ``save``, ``flush`` or ``close``: never silent. The future carries it too.
 
 Thread, not process. zstd (python-zstandard), hashlib.sha256 on buffers > 2 KiB and numpy's XOR/copy loops
-release the GIL, so the encoder thread holds it only for short Python glue between chunks. Measured on the
-2-core dev box (shared with other jobs, so noisy): a 1-thread torch MLP step (~10 ms alone) next to a loop
-committing 48 MB states ran 2.3-2.8x slower with the encoder in a thread and 2.5-3.2x slower with the same
-encoder in a forked process: the same within noise, i.e. the cost is the two cores being shared, not the GIL.
+release the GIL, so the encoder thread holds it only for short Python glue between chunks. On a 2-core machine, a
+1-thread torch MLP step next to a loop of commits slowed as much with the encoder in a thread as with the same
+encoder in a forked process (within noise): the cost is the two cores being shared, not the GIL.
 A process saver would also need a second copy of every byte (or shared-memory plumbing) to hand buffers over,
 so the thread wins. On a box with spare cores the encoder slows training by much less; give it fewer worker
 threads (``CheckpointStore(workers=1)``) where training needs every core.

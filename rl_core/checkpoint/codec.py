@@ -10,9 +10,10 @@ patterns is mostly zero bytes in the high planes. XOR is exactly invertible, so 
 Why "diff" as well: XOR only zeroes the bits two values share from the top. The wrap-around difference of the
 bit patterns (as unsigned integers of the element's word size) is small whenever the values are close, even
 when the change carries into higher bits (a small negative step gives 0xFF high bytes, which compress as well
-as 0x00); on Adam state 20 steps apart it stored 6-9% fewer bytes than XOR (NOTES.md). Exactly invertible.
+as 0x00); on Adam state 20 steps apart it stores fewer bytes than XOR (docs/benchmarks.md). Exactly invertible.
 
-Why zstd level 1: on this project's tensors level 3 was never smaller and was 1.5-3x slower (see NOTES.md).
+Why zstd level 1: on this project's tensors level 3 was never smaller, and it is slower (docs/benchmarks.md;
+bench/checkpoint.py measures the codecs).
 
 All functions take raw bytes (anything exposing the buffer protocol: bytes, memoryview, contiguous uint8
 arrays) plus the element size, and never look at the dtype: the caller owns dtype/shape bookkeeping.

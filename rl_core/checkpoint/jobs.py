@@ -3,8 +3,8 @@
 The caller works through the batch beside the pool instead of waiting for it, so ``workers`` threads work in all
 with one fewer hand-off. That matters most when the pool's threads have been idle: a commit after a training
 interval starts with the caller's core busy and warm and the others cold, and the caller's share is done at full
-speed (bench/checkpoint.py's MLP: a commit after 100 ms idle 23.5 ms against 25.0-25.9 ms with the caller waiting
-on a pool of two; back to back 18.0 against 19.0-19.4 ms).
+speed. So a commit ends sooner than with the caller waiting on the pool, after an idle interval and back to back
+alike (bench/checkpoint.py's MLP; the figures are in docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -30,18 +30,18 @@ link of a chain.
 Small objects are *embedded* (schema 4): ``embedded`` maps the sha256 of each object of at most a few KiB that the
 version names (its own payloads and those of the objects it references) to its bytes in base64, and the reader takes
 them from there instead of from storage. A policy's biases, normalizer statistics and Adam steps are many tiny
-chunks, and writing each as a file of its own cost more than encoding the whole state (a quick flow state: 53 of its
-69 objects under 4 KiB; its commit took 8 ms into memory and 13-27 ms onto a local disk). Every manifest embeds every
+chunks, and writing each as a file of its own cost more than encoding the whole state (most of a quick flow state's
+objects are under 4 KiB, and its commit took longer onto a local disk than into memory). Every manifest embeds every
 embedded object it names, so a writer finds the bytes of an object it references in the manifest of the version the
 reference names. Schema 4 is written only when a chunk is chained or an object embedded (:func:`schema_for`),
 so other stores stay readable by schema-3 readers.
 
 ``raw_xxh3`` is the XXH3-128 of the chunk's decoded bytes, checked on every restore (schema 2 wrote ``raw_sha256``
-instead; both verify the decoder, not an adversary, and XXH3 runs ~10x faster than sha256, which matters because
-every byte of every version is hashed); ``chunk`` is the sha256 of the stored object's bytes, checked on every read
-(it names the object, so it must resist collisions). ``uploaded`` says whether the commit that wrote this manifest
-uploaded the object (False: an identical object was already referenced by a version the writer knew), which is what
-:meth:`Manifest.encoded_bytes` counts as "added by this version".
+instead; both verify the decoder, not an adversary, and XXH3 runs many times faster than sha256, which matters
+because every byte of every version is hashed); ``chunk`` is the sha256 of the stored object's bytes, checked on
+every read (it names the object, so it must resist collisions). ``uploaded`` says whether the commit that wrote this
+manifest uploaded the object (False: an identical object was already referenced by a version the writer knew), which
+is what :meth:`Manifest.encoded_bytes` counts as "added by this version".
 """
 
 from __future__ import annotations

@@ -190,8 +190,8 @@ class VersionWriter:
         encoded a probe of each changed chunk against the version before it, i.e. what a delta right after a
         new base would cost (``fresh``). A new base pays when a cycle of it plus ``full_every - 1`` fresh
         deltas costs less per version than the aged delta does now. Measured (bench/checkpoint.py): Adam on a
-        1M MLP, whose fresh deltas shrink as training slows, gains from rebasing at 0.7 (0.71 vs 0.75 x
-        torch.save); a 25M transformer, whose fresh deltas cost as much as aged ones, loses (a base every
+        1M MLP, whose fresh deltas shrink as training slows, gains from rebasing at 0.7 (fewer bytes than without
+        the rebase); a 25M transformer, whose fresh deltas cost as much as aged ones, loses (a base every
         other version). Without probes of ``head`` (a fresh process) the plain 0.7 rule applies."""
         if head.depth + 1 >= self._full_every:
             return True

@@ -1,10 +1,11 @@
 """An LLM-agent run's configuration (GRPO on text tasks): one pydantic model per section, data only, like
 `ControlRunConfig`; both satisfy `RunSpec` (`rl_core.config.common`), what the shared runtime reads. The checks that
 need the world (the env registry, the model's files and tokenizer, whether prompts fit its context, vLLM) are the
-preflight's (`rl_core.algos.preflight`), run once by the edges that start a run, never by the actors. Its sections: `env` (which agent env), `model` (the
-causal LM: built here from the env's alphabet, or a `save_pretrained` directory), `sampling` (how rollouts draw
-tokens), `sft` (the warm start a new run begins with) and `algorithm` (GRPO). `flow: "agent"` tells the two kinds
-of stored config apart (`load_run_config`).
+preflight's (`rl_core.algos.preflight`), run once by the edges that start a run, never by the actors.
+
+Its sections: `env` (which agent env), `model` (the causal LM: built here from the env's alphabet, or a
+`save_pretrained` directory), `sampling` (how rollouts draw tokens), `sft` (the warm start a new run begins with)
+and `algorithm` (GRPO). `flow: "agent"` tells the two kinds of stored config apart (`load_run_config`).
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The flat launch options of a run (flow parameters, `--flags`), derived from the configuration models.
 
 A person starting a run names a handful of values (`env`, `seed`, `store`, `num_workers`...), not the nested
-sections of `ControlRunConfig`. Each scalar field of the run and of its `env` and `storage` sections, and the fields every
-algorithm has (`name`, `nonfinite_limit`), is one option, named after the field unless the field says otherwise (`json_schema_extra={"option": ...}`);
-two more are not fields: `preset` (a named set of overrides) and `randomize_dynamics` (a symmetric range).
+sections of `ControlRunConfig`. Each scalar field of the run and of its `env` and `storage` sections, and the
+fields every algorithm has (`name`, `nonfinite_limit`), is one option, named after the field unless the field says
+otherwise (`json_schema_extra={"option": ...}`); two more are not fields: `preset` (a named set of overrides) and `randomize_dynamics` (a symmetric range).
 So a field added to a model is an option of every entry point at once, with its description as help.
 """
 from __future__ import annotations

@@ -24,7 +24,7 @@ from rl_core.config.launch_options import agent_launch_options, launch_options, 
 from rl_core.config.randomization import DynamicsRandomization
 
 CONTROL_PRESETS: dict[str, dict[str, Any]] = {
-    # Learns HalfCheetah on a 2-core machine in a few minutes (see README for measured figures).
+    # Learns HalfCheetah on a 2-core machine in a few minutes (docs/benchmarks.md has the figures).
     "quick": {"iterations": 100},
     # The nightly run: 6x longer, same shapes.
     "full": {"iterations": 600},
@@ -101,7 +101,8 @@ def build_control_config(preset: str = "quick", *, hyperparameters: dict[str, An
     layered.setdefault("run_name", default_run_name(env, preset, seed))
     try:
         layered["algorithm"] = {"name": algorithm, **task_preset(algorithm, env),
-                                **CONTROL_PRESETS[preset].get("algorithm", {}).get(algorithm, {}), **(hyperparameters or {}),
+                                **CONTROL_PRESETS[preset].get("algorithm", {}).get(algorithm, {}),
+                                **(hyperparameters or {}),
                                 **given.get("algorithm", {})}  # a launch option (a flag) over all of them
         return ControlRunConfig(**layered)
     except ValidationError as err:
@@ -122,7 +123,8 @@ def _randomization(fraction: float | None) -> DynamicsRandomization | None:
 
 
 AGENT_PRESETS: dict[str, dict[str, Any]] = {
-    # CalcTool-v0 on a 2-core machine: SFT (~1 min), then GRPO lifts held-out accuracy by tens of points (README).
+    # CalcTool-v0 on a 2-core machine: a short SFT, then GRPO lifts held-out accuracy by tens of points
+    # (docs/benchmarks.md).
     "quick": {"iterations": 40},
     # The nightly run: 5x longer, same shapes.
     "full": {"iterations": 200},

@@ -93,7 +93,8 @@ def load_run_config(store: str, run_name: str) -> ControlRunConfig:
                           "evaluation is the `evaluate` step of its flow (the summary's accuracy_final, and "
                           "<run>/checkpoints' versions); this command evaluates control runs")
     config = migrate_flat_config(stored["config"])
-    return ControlRunConfig.model_validate({**config, "storage": {**config.get("storage", {}), "url": located.storage.url}})
+    storage = {**config.get("storage", {}), "url": located.storage.url}
+    return ControlRunConfig.model_validate({**config, "storage": storage})
 
 
 def open_run(cfg: AnyRunConfig) -> RunInfo:

@@ -171,7 +171,7 @@ class BatchedMujocoEnv:
         row unless dynamics differ per env.
 
         An episode starts from these rows instead of a `Batch.reset` call: a batch call wakes the native pool's
-        parked worker (~40-80 us here, more than the reset's arithmetic), and a reset already pays one, for the
+        parked worker (which costs more than the reset's arithmetic), and a reset already pays one, for the
         forward that computes the new state. The rows are the whole state `mj_resetData` writes and the next step
         reads; the reset also zeroes the env's warning counters, as `mj_resetData` does, and the MjData's other
         fields are recomputed by that forward.

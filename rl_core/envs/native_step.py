@@ -3,9 +3,9 @@
 `Batch.step` runs the substeps; a task's contact forces (`cfrc_ext`, with `cacc`, `cfrc_int`) need
 `mj_rnePostConstraint` after them, which `mujoco.batch` never runs; and the fields a task reads are copied out of
 every MjData (by the batch into its outputs, then by the env into its arrays). Done as separate calls, each is a pass
-over the batch's thread pool; in one pass the fields are copied once, straight into the env's arrays. Measured in
-paired 100-step windows against the separate calls: HalfCheetah 0.980-0.986x the time per 64-env step, Ant and
-Humanoid within +-1% (a second pass is cheap while the pool's worker still spins). Its C API can do all three in one:
+over the batch's thread pool; in one pass the fields are copied once, straight into the env's arrays. The saving
+is small, since a second pass is cheap while the pool's worker still spins: a light task's step (HalfCheetah) gains
+a little, heavier ones (Ant, Humanoid) neither gain nor lose measurably. Its C API can do all three in one:
 `mjb_apply` runs a C function on each simulation's own MjData on the batch's thread pool, loading and saving its
 state row as `mjb_step` does, but the Python API does not expose it. `native_step.c` is that function (the same
 `mj_step` calls, then `mj_rnePostConstraint` where asked, then the copies) plus a driver; it is compiled once with the

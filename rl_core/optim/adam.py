@@ -3,11 +3,11 @@ bits. One fast path (`_adam_update`: the two private ops `torch.optim.adam._fuse
 `fused_adam_available()`, and two ways in:
 
 - `FusedAdam`, an optimizer of its own. A process's first `torch.optim` optimizer imports `torch._dynamo` (its
-  methods are wrapped to disable the compiler, and the wrapper imports it on first call): ~2 s of CPU and ~70 MB in
-  every process that trains, on a machine whose start-up already keeps every core busy. PPO's learner needs none of
-  what `torch.optim` adds (parameter groups, hooks, closures, AMSGrad, capturable steps): one group of float32 CPU
-  parameters, with the state `torch.optim.Adam` keeps (`step`, `exp_avg`, `exp_avg_sq` per parameter, created zero
-  on the first step) in the layout of its `state_dict()`, so checkpoints do not change.
+  methods are wrapped to disable the compiler, and the wrapper imports it on first call): a heavy import, in CPU and
+  memory, in every process that trains, on a machine whose start-up already keeps every core busy. PPO's learner
+  needs none of what `torch.optim` adds (parameter groups, hooks, closures, AMSGrad, capturable steps): one group of
+  float32 CPU parameters, with the state `torch.optim.Adam` keeps (`step`, `exp_avg`, `exp_avg_sq` per parameter,
+  created zero on the first step) in the layout of its `state_dict()`, so checkpoints do not change.
 - `AdamStep`, `optimizer.step()` of an existing `torch.optim.Adam(fused=True)` without its per-call Python (grouping
   the tensors by device, re-reading every parameter's state, the profiler hook) around a short kernel: within one
   update the parameters, their gradient views and their state keep their identity, so the lists are built once.
@@ -89,8 +89,9 @@ class FusedAdam:
         self.state: list[dict[str, torch.Tensor]] = [{} for _ in self.params]
         self._fused = fused_adam_available()
         # Every parameter's step count is a 0-d view of this one tensor, so a step adds 1 to them all in one op:
-        # `torch._foreach_add_` over the 13 scalars of PPO's actor-critic took 21 us a call here, `add_` 2.4 us (of
-        # a ~0.5 ms minibatch step). The same float32 additions, so the same counts and bits.
+        # one `add_` pays torch's per-call overhead once, where `torch._foreach_add_` over the 13 scalars of PPO's
+        # actor-critic pays a multiple of it, a visible share of a small minibatch step. The same float32
+        # additions, so the same counts and bits.
         self._counts: torch.Tensor | None = None
         self._slot_lists: tuple[list[torch.Tensor], ...] = ()
 

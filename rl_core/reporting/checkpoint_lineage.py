@@ -2,19 +2,8 @@
 added to the store, and that against what `torch.save` would write for the same state."""
 from __future__ import annotations
 
-import io
-
 from rl_core.checkpoint import CheckpointStore
-
-
-def torch_save_bytes(store: CheckpointStore, version: int) -> int:
-    """Bytes `torch.save` writes for `version`'s tensors (the baseline a user would otherwise keep per version)."""
-    import torch
-
-    snapshot = store.load(version)
-    out = io.BytesIO()
-    torch.save({name: torch.from_numpy(array.copy()) for name, array in snapshot.tensors.items()}, out)
-    return out.tell()
+from rl_core.data.storage_report import torch_save_bytes
 
 
 def checkpoint_rows(store: CheckpointStore) -> list[dict]:
@@ -23,7 +12,7 @@ def checkpoint_rows(store: CheckpointStore) -> list[dict]:
     versions = store.versions()
     if not versions:
         return []
-    baseline = torch_save_bytes(store, versions[-1])
+    baseline = torch_save_bytes(store.load(versions[-1]).tensors)
     rows = []
     for version in versions:
         report = store.size_report(version)

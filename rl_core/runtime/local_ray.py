@@ -64,7 +64,7 @@ def ensure_ray(num_cpus: int | None = None) -> None:
 def start_ray_in_background(num_cpus: int | None = None) -> None:
     """Begin `ensure_ray(num_cpus)` on a thread and return at once; the next `ensure_ray` call waits for it.
 
-    Why: `ray.init` takes ~3.7 s here even on a quiet machine, most of it waiting for the processes it starts (its
+    Why: `ray.init` is slow even on a quiet machine, most of it waiting for the processes it starts (its
     GCS, dashboard and raylet, each importing its modules), and a command can import torch and its own modules
     meanwhile instead of after.
     Two constraints shape it. Ray starts its processes with PR_SET_PDEATHSIG, which Linux fires when the *thread*
@@ -131,8 +131,8 @@ RAY_ADDRESS_PROBE_TIMEOUT_S = 10.0
 
 def check_ray_address_answers(address: str) -> None:
     """Raise RuntimeError, naming `address` (a `RAY_ADDRESS`), when nothing accepts a connection where `ray.init` would
-    dial it. Why: Ray itself keeps retrying for minutes, printing only its retry warnings (measured: still waiting
-    after 150 s for a port nothing listened on), so a stopped cluster or a mistyped address looks like a hung command.
+    dial it. Why: Ray itself keeps retrying for minutes, printing only its retry warnings, so a stopped cluster or a
+    mistyped address looks like a hung command.
     Ray Client (`ray://...`) and "auto" addresses are left to Ray."""
     from ray._private.services import canonicalize_bootstrap_address, is_localhost, parse_address
 
@@ -154,13 +154,13 @@ def check_ray_address_answers(address: str) -> None:
 
 
 def shutdown_local_ray() -> None:
-    """`ray.shutdown()` of a local Ray this process started, ~1.5 s sooner than Ray's own exit handler would.
+    """`ray.shutdown()` of a local Ray this process started, sooner than Ray's own exit handler would.
 
     Why: at exit, Ray's handler first sleeps 0.5 s so that workers' log lines reach the driver (this driver takes
     none: `log_to_driver=False`), then stops its processes one after another with a second's grace each, and its
     autoscaler monitor, stopped after the GCS it reports to, never exits within it: it is killed at the end of
-    its grace (1.0 s of a command's 2.2 s of exit here). It holds no state, so it is killed first here, as Ray
-    would a second later. A Ray joined through RAY_ADDRESS, or none, is left to Ray's handler; after this one, that
+    its grace, a large share of a command's exit. It holds no state, so it is killed first here, as Ray would a
+    second later. A Ray joined through RAY_ADDRESS, or none, is left to Ray's handler; after this one, that
     handler has nothing left to do.
     """
     if _inherited_env is None or not ray.is_initialized():  # not a local Ray of ours (`_init_ray` sets it)
@@ -198,7 +198,7 @@ def actor_options() -> dict:
     """Ray options every gymflow actor takes: the driver's GYMFLOW_* settings (fault drills, cache dir) as a
     runtime_env, which a cluster's workers need. Left out when the workers already inherit exactly these (a
     local Ray this process started): Ray then runs the actor in a worker process it started in advance instead
-    of a new one for the runtime_env, about 0.4 s sooner per actor here."""
+    of a new one for the runtime_env, sooner by a worker's start-up per actor."""
     env = gymflow_env_vars()
     return {} if env == _inherited_env else {"runtime_env": {"env_vars": env}}
 

@@ -79,3 +79,15 @@ def test_a_used_layer_deep_copies_and_pickles() -> None:
         expected = linear(x)
         for twin in (copy.deepcopy(linear), pickle.loads(pickle.dumps(linear))):
             assert torch.equal(twin(x), expected)
+
+
+def test_the_probe_answers_the_same_when_first_asked_under_inference_mode() -> None:
+    """A generator's first call runs under `torch.inference_mode`; the probe, cached per process, must not answer
+    False there (a process's trainer and generator would then compute different functions)."""
+    import subprocess
+    import sys
+
+    code = ("import torch\nfrom rl_core.policies.onednn_linear import onednn_available\n"
+            "with torch.inference_mode():\n    print(onednn_available())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "True"

@@ -1,11 +1,14 @@
 """Overlap: collecting iteration i+1 during iteration i's update, with the policy from before that update."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rl_core.algos.ppo.collect import acting_version
 from rl_core.algos.ppo.in_process import train_in_process
 from rl_core.config.presets import build_control_config
+from tests.fingerprint import fingerprint_key
+from tests.pinned_runs import SPLIT_BITS_RECORDED_ON
 
 
 def test_acting_version_is_one_update_stale_with_overlap_only() -> None:
@@ -30,7 +33,11 @@ def test_overlap_changes_the_math_but_stays_reproducible(monkeypatch) -> None:
     assert runs[0].policy_sha256 != runs[2].policy_sha256
     # Iteration 0 collects with version 0 either way; the update of iteration 0 is the same in both.
     update_metrics = [{k: v for k, v in run.iterations[0].items() if k != "mean_return"} for run in runs]
-    assert update_metrics[0] == update_metrics[2]  # (mean_return is NaN: tiny episodes never finish)
+    if fingerprint_key() in SPLIT_BITS_RECORDED_ON:  # rollouts' rows (4 a call) round as minibatches' (32) do
+        assert update_metrics[0] == update_metrics[2]  # (mean_return is NaN: tiny episodes never finish)
+    else:  # elsewhere the last bits may differ (MKL_CBWR=COMPATIBLE: policy_loss by 4.6e-7 relative; acting one
+        # version apart, as iteration 1 does, moves it by 1.8)
+        assert update_metrics[0] == pytest.approx(update_metrics[2], rel=1e-4)
 
 
 def test_decoupled_batch_clips_against_the_current_policy_and_weights_by_behaviour() -> None:

@@ -12,7 +12,8 @@ from rl_core.envs import Task, get_task, make_batch, register_task
 
 
 def test_registered_by_importing_its_module_through_the_config() -> None:
-    cfg = preflight(build_control_config("tiny", run_name="arm", env_module="examples.reaching_arm", env="ReachingArm-v0"))
+    cfg = preflight(build_control_config("tiny", run_name="arm", env_module="examples.reaching_arm",
+                                         env="ReachingArm-v0"))
     assert cfg.env.name == "ReachingArm-v0" and get_task("ReachingArm-v0").max_episode_steps == 100
 
 

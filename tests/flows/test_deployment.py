@@ -1,6 +1,7 @@
 """The operator's path, end to end on 127.0.0.1: server, work pool, deploy, `deployment run`, worker, COMPLETED.
 
-This is README's "Deployments" walk-through as a test: every command is the real `prefect` CLI.
+This is docs/guides/ui-and-deployments.md's deployments walk-through ("Without make ui", "From a shell") as a test:
+every command is the real `prefect` CLI.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// GAE's C++ candidate (`gae_cpp` in gymflow_kernels/gae.py).
+// GAE's C++ candidate (`gae_cpp` in kernels/gymflow_kernels/gae.py).
 // Built by gymflow_kernels.native (see its docstring for how csrc/ files become one build).
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// GRPO loss's C++ candidate (`grpo_loss_cpp` in gymflow_kernels/grpo_loss.py).
+// GRPO loss's C++ candidate (`grpo_loss_cpp` in kernels/gymflow_kernels/grpo_loss.py).
 // Built by gymflow_kernels.native (see its docstring for how csrc/ files become one build).
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// The actor-critic forward's C++ candidate (`policy_mlp_cpp` in gymflow_kernels/policy_mlp.py).
+// The actor-critic forward's C++ candidate (`policy_mlp_cpp` in kernels/gymflow_kernels/policy_mlp.py).
 // Built by gymflow_kernels.native (see its docstring for how csrc/ files become one build).
 #include "mlp_layers.h"
 

@@ -1,4 +1,4 @@
-// PPO's minibatch gradient's C++ candidate (`ppo_grad_cpp` in gymflow_kernels/ppo_grad.py).
+// PPO's minibatch gradient's C++ candidate (`ppo_grad_cpp` in kernels/gymflow_kernels/ppo_grad.py).
 // Built by gymflow_kernels.native (see its docstring for how csrc/ files become one build).
 #include "mlp_layers.h"
 #include "ppo_loss.cpp"  // the PPO loss kernel itself: one translation unit

@@ -1,4 +1,4 @@
-// PPO loss's C++ candidate (`ppo_loss_cpp` in gymflow_kernels/ppo_loss.py); ppo_grad.cpp includes it.
+// PPO loss's C++ candidate (`ppo_loss_cpp` in kernels/gymflow_kernels/ppo_loss.py); ppo_grad.cpp includes it.
 // Built by gymflow_kernels.native (see its docstring for how csrc/ files become one build).
 
 #include <algorithm>

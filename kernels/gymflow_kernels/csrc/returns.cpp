@@ -1,4 +1,4 @@
-// Discounted returns' C++ candidate (`returns_cpp` in gymflow_kernels/returns.py).
+// Discounted returns' C++ candidate (`returns_cpp` in kernels/gymflow_kernels/returns.py).
 // Built by gymflow_kernels.native (see its docstring for how csrc/ files become one build).
 
 #include <cstdint>

@@ -17,10 +17,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rl_core.algos.base import Algorithm, Calls, Spaces, Tensors, UpdateHooks, register_algorithm
+from rl_core.algos.base import Algorithm, Calls, Rollouts, Spaces, Tensors, UpdateHooks, register_algorithm
 from rl_core.algos.grpo.checks import check_agent_run
 from rl_core.algos.grpo.episodes import sampling_params
-from rl_core.algos.grpo.phases import behaviour_version
+from rl_core.algos.grpo.phases import (
+    behaviour_version,
+    check_iteration_fits,
+    evaluate_heldout,
+    iteration_metrics,
+    num_chunks,
+    rollout_chunk,
+)
 from rl_core.algos.grpo.sft import demonstration_segment, supervised_warm_start
 from rl_core.algos.grpo.trajectories import TrajectoryBatch
 from rl_core.algos.grpo.update import ScoredTokens, UpdateStart, group_advantages, grpo_update
@@ -169,4 +176,6 @@ register_algorithm(Algorithm(
     uses_spaces=False,
     check=check_agent_run,
     behaviour_version=behaviour_version,
+    rollouts=Rollouts(chunks=num_chunks, check=check_iteration_fits, chunk=rollout_chunk, metrics=iteration_metrics,
+                      evaluate=evaluate_heldout),
 ))

@@ -24,6 +24,7 @@ from rl_core.algos.grpo.episodes import (
 )
 from rl_core.algos.grpo.sft import demonstration_segment
 from rl_core.algos.grpo.trajectories import Episode, Tokenizer, TrajectoryBatch, episode_meta
+from rl_core.data.tensorfile import Tensors
 from rl_core.envs.agent import AgentEnv
 
 if TYPE_CHECKING:
@@ -64,11 +65,22 @@ def rollout_chunk(cfg: "AgentRunConfig", make_env: MakeEnv, tokenizer: Tokenizer
     groups = chunk_groups(cfg, chunk)
     specs = [EpisodeSpec(g, s, seeds[g]) for g in groups for s in range(cfg.algorithm.group_size)]
     episodes = run_agent_episodes(specs, make_env, tokenizer, generate, sampling_params(cfg),
-                            (cfg.seed, ROLLOUT_STREAM, iteration), context, version, step_threads)
+                                  (cfg.seed, ROLLOUT_STREAM, iteration), context, version, step_threads)
     batch = TrajectoryBatch.from_episodes(episodes, tokenizer.pad_id)
     meta = {"iteration": iteration, "version": version, "chunk": chunk, "groups": [groups.start, groups.stop],
             **episode_meta(episodes)}
     return batch.to_arrays(), meta
+
+
+def check_iteration_fits(cfg: "AgentRunConfig", make_env: MakeEnv, tokenizer: Tokenizer, context: int,
+                         iteration: int) -> None:
+    """A ValueError when a prompt of `iteration` leaves no room for a completion: before anything is generated."""
+    check_prompts_fit(cfg, make_env, tokenizer, context, iteration_problems(cfg, make_env(), iteration), "train")
+
+
+def iteration_metrics(chunks: list[Tensors], pad_id: int) -> dict[str, float]:
+    """`rollout_metrics` of an iteration's chunks (arrays of TrajectoryBatches, in order)."""
+    return rollout_metrics(TrajectoryBatch.concatenate([TrajectoryBatch.from_arrays(c) for c in chunks], pad_id))
 
 
 def rollout_metrics(episodes: list[Episode] | TrajectoryBatch) -> dict[str, float]:
@@ -91,7 +103,7 @@ def evaluate_heldout(cfg: "AgentRunConfig", make_env: MakeEnv, tokenizer: Tokeni
     seeds = make_env().problem_seeds("heldout", cfg.eval_problems)
     specs = [EpisodeSpec(i, 0, seed) for i, seed in enumerate(seeds)]
     episodes = run_agent_episodes(specs, make_env, tokenizer, generate, sampling_params(cfg), (cfg.seed, EVAL_STREAM),
-                            context, version, step_threads)
+                                  context, version, step_threads)
     return {"version": version, **rollout_metrics(episodes)}
 
 

@@ -54,8 +54,8 @@ def collect_rollout(
             mean = mean_out.numpy()
             # numpy, not torch, between the policy's forward pass and the env step: the same float32 multiply and
             # add (so the same bits), but a numpy op on a small array keeps the GIL where each torch op releases it
-            # and takes it back. With the in-process run's env batches on two threads, those handovers made
-            # collecting a quick HalfCheetah rollout take 181-204 ms instead of 146-166.
+            # and takes it back. With the in-process run's env batches on two threads, each handover lets the other
+            # thread in, and those handovers made collecting a rollout markedly slower.
             action = mean + std_per_dim * noise_per_step[t]
             obs_buf[t] = x
             act_buf[t] = action

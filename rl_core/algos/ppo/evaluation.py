@@ -38,7 +38,8 @@ def evaluate_control_policy(cfg: ControlRunConfig, policy: ControlPolicy, episod
                            policy.deterministic_action)
     env = make_batch(cfg.env.name, episodes, eval_seed, randomization=randomization)
     rng = np.random.default_rng(eval_seed)
-    random = run_control_episodes(env, lambda obs: rng.uniform(env.action_low, env.action_high, (episodes, env.action_dim)))
+    random = run_control_episodes(
+        env, lambda obs: rng.uniform(env.action_low, env.action_high, (episodes, env.action_dim)))
     return {"final_return": float(np.mean(learned)), "final_return_std": float(np.std(learned)),
             "random_return": float(np.mean(random)), "episodes": episodes}
 

@@ -39,10 +39,11 @@ from rl_core.iteration_clock import IterationClock
 
 @dataclass
 class InProcessResult:
-    """What a run produced: the evaluation, the policy hash, and how fast it went."""
+    """What a run produced: the evaluation, the final policy and its hash, and how fast it went."""
 
     evaluation: dict[str, float]
     policy_sha256: str
+    policy: Tensors  # the final policy's `model.` tensors, which `policy_sha256` hashes
     env_steps: int
     train_s: float  # collection + updates, with the envs' creation and the kernels' tuning before them
     wall_s: float  # train_s + the final evaluation
@@ -62,8 +63,8 @@ def train_in_process(
 
     ``torch_threads``: torch's threads for the run; the caller's setting is restored after. The default is the
     flow's trainer ranks' count (its env workers run one thread too), and eager autograd's float sums depend on
-    the count, so it is what gives the flow's weights. It is also the faster setting here: HalfCheetah ran 14.1k
-    steps/s at one thread and 13.2k at two (a 64-unit MLP's ops are too small to split).
+    the count, so it is what gives the flow's weights. It is also the faster setting for these policies: a 64-unit
+    MLP's ops are too small to gain from splitting over threads.
     """
     preflight(cfg)  # an edge, like the command line: the env module imported, the env registered
     previous = torch.get_num_threads()
@@ -80,9 +81,8 @@ def _train(cfg: ControlRunConfig, on_iteration: Callable[[int, dict[str, float]]
     # As the flow's env workers do, the workers' batches collect at the same time, here on threads (MuJoCo's
     # stepping and the policy kernel release the GIL), each stepping its physics on its share of the cores. So one
     # batch's observations and policy run while another steps; collecting one batch after another, each on every
-    # core, left a core idle meanwhile. Hopper's collection (two batches of 32 envs, two cores) took 0.48 s instead
-    # of 0.54 s, best of 20. An env's physics does not depend on which thread steps it, so the weights stay the
-    # flow's bit for bit.
+    # core, left a core idle meanwhile. An env's physics does not depend on which thread steps it, so the weights
+    # stay the flow's bit for bit.
     algorithm = algorithm_of(cfg)
     per_worker, workers = cfg.env.envs_per_worker, cfg.env.num_workers
     physics_threads = max(1, (os.cpu_count() or 1) // workers)
@@ -121,5 +121,7 @@ def _train(cfg: ControlRunConfig, on_iteration: Callable[[int, dict[str, float]]
             clock.lap()
     train_s = time.perf_counter() - start
     evaluation = evaluate_control_policy(cfg, learner.policy, cfg.eval_episodes)
-    return InProcessResult(evaluation, policy_sha256(learner.state()), cfg.iterations * cfg.batch_size, train_s,
+    state = learner.state()
+    policy = {name: value for name, value in state.items() if name.startswith("model.")}
+    return InProcessResult(evaluation, policy_sha256(state), policy, cfg.iterations * cfg.batch_size, train_s,
                            time.perf_counter() - start, clock.total_s, clock.first_s, history)

@@ -168,14 +168,14 @@ def hot_ops(cfg: ControlRunConfig, spaces: Spaces, num_ranks: int, trainer_threa
     return ops
 
 
-def build_policy(cfg: ControlRunConfig, spaces: Spaces) -> PPOPolicy:
+def build_ppo_policy(cfg: ControlRunConfig, spaces: Spaces) -> PPOPolicy:
     return PPOPolicy(spaces, cfg.algorithm, cfg.seed)  # type: ignore[arg-type]
 
 
 register_algorithm(Algorithm(
     name="ppo",
     learner=PPOLearner,
-    policy=build_policy,
+    policy=build_ppo_policy,
     score=score,
     hot_ops=hot_ops,
     counters=counters,

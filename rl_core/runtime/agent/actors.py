@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
-from rl_core.algos.grpo.phases import evaluate_heldout
+from rl_core.algos.base import algorithm_of
 from rl_core.config.agent import AgentRunConfig
 from rl_core.envs.agent import AgentEnv, make_agent_env, uses_simulator
 from rl_core.policies.lm_policy import model_spec, tokenizer_of
@@ -53,9 +53,10 @@ class AgentActors:
         policy's sha256."""
         started = time.perf_counter()
         policy_hash = self.generator.sync(version)
-        result = evaluate_heldout(self.cfg, self.make_env, tokenizer_of(self.cfg),
-                                  lambda requests: self.generator.generate(requests, version),
-                                  model_spec(self.cfg).max_position_embeddings, version, self.step_threads)
+        generate = lambda requests: self.generator.generate(requests, version)  # noqa: E731
+        result = algorithm_of(self.cfg).rollouts.evaluate(self.cfg, self.make_env, tokenizer_of(self.cfg), generate,
+                                                          model_spec(self.cfg).max_position_embeddings, version,
+                                                          self.step_threads)
         return {**result, "policy_sha256": policy_hash, "seconds": time.perf_counter() - started}
 
     def start(self) -> None:

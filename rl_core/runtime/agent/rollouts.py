@@ -10,15 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from rl_core.algos.grpo.phases import (
-    behaviour_version,
-    check_prompts_fit,
-    iteration_problems,
-    num_chunks,
-    rollout_chunk,
-    rollout_metrics,
-)
-from rl_core.algos.grpo.trajectories import TrajectoryBatch
+from rl_core.algos.base import Tensors, algorithm_of
 from rl_core.config.agent import AgentRunConfig
 from rl_core.data import RunLayout, TensorFileError, read_tensors, write_tensors
 from rl_core.policies.lm_policy import model_spec, tokenizer_of
@@ -28,7 +20,7 @@ if TYPE_CHECKING:
     from rl_core.runtime.agent.actors import AgentActors
 
 
-def _written(uri: str, iteration: int, version: int) -> TrajectoryBatch | None:
+def _written(uri: str, iteration: int, version: int) -> Tensors | None:
     """The chunk at `uri` if an earlier attempt wrote it whole for this iteration and version, else None."""
     try:
         arrays, meta = read_tensors(uri)
@@ -36,36 +28,36 @@ def _written(uri: str, iteration: int, version: int) -> TrajectoryBatch | None:
         return None
     if (meta.get("iteration"), meta.get("version")) != (iteration, version):
         return None
-    return TrajectoryBatch.from_arrays(arrays)
+    return arrays
 
 
 def rollout_iteration(cfg: AgentRunConfig, actors: "AgentActors", iteration: int, version: int) -> dict:
     """Every prompt group of `iteration`, sampled from `version` (`behaviour_version`), written chunk by chunk; URIs
     and metrics."""
-    if version != behaviour_version(cfg, iteration):
-        raise ValueError(f"iteration {iteration} samples from policy version {behaviour_version(cfg, iteration)} "
+    algorithm = algorithm_of(cfg)
+    behaviour, rollouts = algorithm.behaviour_version(cfg, iteration), algorithm.rollouts
+    if version != behaviour:
+        raise ValueError(f"iteration {iteration} samples from policy version {behaviour} "
                          f"(max_staleness {cfg.algorithm.max_staleness}), not {version}")
     started = time.perf_counter()
     layout = RunLayout(cfg.run_url)
     tokenizer, context = tokenizer_of(cfg), model_spec(cfg).max_position_embeddings
-    check_prompts_fit(cfg, actors.make_env, tokenizer, context, iteration_problems(cfg, actors.make_env(), iteration),
-                      "train")  # before anything is generated or written
+    rollouts.check(cfg, actors.make_env, tokenizer, context, iteration)  # before anything is generated or written
     actors.generator.sync(version)
     generate = lambda requests: actors.generator.generate(requests, version)  # noqa: E731
-    uris, batches, resumed = [], [], 0
-    for chunk in range(num_chunks(cfg)):
+    uris, chunks, resumed = [], [], 0
+    for chunk in range(rollouts.chunks(cfg)):
         uri = layout.trajectories(iteration, chunk)
-        batch = _written(uri, iteration, version)
-        if batch is None:
-            arrays, meta = rollout_chunk(cfg, actors.make_env, tokenizer, generate, context, iteration, version, chunk,
-                                         actors.step_threads)
+        arrays = _written(uri, iteration, version)
+        if arrays is None:
+            arrays, meta = rollouts.chunk(cfg, actors.make_env, tokenizer, generate, context, iteration, version,
+                                          chunk, actors.step_threads)
             write_tensors(uri, arrays, meta)
-            batch = TrajectoryBatch.from_arrays(arrays)
         else:
             resumed += 1
         maybe_fail("rollout.chunk_written", iteration=iteration, chunk=chunk)
         uris.append(uri)
-        batches.append(batch)
-    metrics = rollout_metrics(TrajectoryBatch.concatenate(batches, tokenizer.pad_id))
+        chunks.append(arrays)
+    metrics = rollouts.metrics(chunks, tokenizer.pad_id)
     return {"trajectories": uris, **metrics, "chunks_resumed": resumed, "seconds": time.perf_counter() - started}
 

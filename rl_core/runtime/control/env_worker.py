@@ -106,4 +106,5 @@ class EnvWorker:
         snapshot = self.store.load(version)
         self.policy.load_state(snapshot.tensors)
         self.policy_version = version
-        return {**evaluate_control_policy(self.cfg, self.policy, episodes), "policy_sha256": policy_sha256(snapshot.tensors)}
+        return {**evaluate_control_policy(self.cfg, self.policy, episodes),
+                "policy_sha256": policy_sha256(snapshot.tensors)}
