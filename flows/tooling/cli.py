@@ -192,6 +192,19 @@ def _train_agent(args: argparse.Namespace) -> dict[str, Any]:
     return {k: summary[k] for k in AGENT_SUMMARY_KEYS}
 
 
+def _process_age_s() -> float:
+    """Seconds since this process started. From the boot clock where Linux has one: psutil's create_time adds the
+    boot time, which /proc keeps in whole seconds, so an age from it is off by up to a second."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            started_ticks = int(stat.read().rpartition(")")[2].split()[19])  # field 22, starttime
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError, IndexError):
+        import psutil
+
+        return time.time() - psutil.Process().create_time()
+
+
 def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: Callable, actors_of: Callable,
               load_flow: Callable[[], Callable], columns: tuple[str, ...], print_summary: Callable) -> dict[str, Any]:
     """Validate the options; start Prefect's temporary API (when none is configured), Ray and the run's actors, and
@@ -199,7 +212,6 @@ def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: C
     flow under a progress bar and print its summary. Returns the summary with `command_s`, the whole command's seconds, and
     `startup_s`, from the process's start (the interpreter and every import included) to the start of the first
     iteration it trained (None when it trained none)."""
-    import psutil
     from rich.console import Console
 
     from flows.run import progress
@@ -235,7 +247,7 @@ def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: C
             actors.release()  # the flow releases what it used; this catches actors of a flow that never ran
     summary["command_s"] = round(time.perf_counter() - started, 2)
     first = summary.pop("first_iteration_at", None)
-    summary["startup_s"] = None if first is None else round(first - psutil.Process().create_time(), 2)
+    summary["startup_s"] = None if first is None else round(first - time.time() + _process_age_s(), 2)
     print_summary(console, summary)
     return summary
 

@@ -11,6 +11,10 @@ tiny MLP gains nothing from more."""
 ENV_WORKER_THREADS = 1
 """An env worker: workers share the cores, and a rollout step's tiny policy batch gains nothing from more."""
 
+SCORE_THREADS = 1
+"""GAE in the score step, in whichever process scores (a flow's, the in-process loop). Its tuned winner is looked up by
+the calling thread count, so a count of its own, not the process's, makes every entry point compute the same bits."""
+
 GENERATOR_THREADS = 1
 """The generator actor: it samples while the trainer ranks wait (and the reverse), and a small LM's decode step is too
 small to split."""

@@ -59,3 +59,37 @@ def test_decoupled_batch_clips_against_the_current_policy_and_weights_by_behavio
     expected = torch.exp(-shift).clamp(max=1.0)  # behaviour less likely than now: truncated at 1
     assert torch.allclose(batch.advantage_weights, expected)
     assert torch.equal(batch.advantages, torch.ones(6))  # weights are applied per minibatch, after normalization
+
+
+
+def test_gae_runs_at_the_thread_count_it_was_tuned_at_whatever_the_process_runs(monkeypatch) -> None:
+    """The score step runs in the flow's own process, whose torch thread count is its own (the machine's cores, or
+    what a library left): GAE's tuned winner is looked up by the calling thread count, so the step keeps to
+    SCORE_THREADS, the count `hot_ops` tunes it at, and every entry point picks the same implementation."""
+    import numpy as np
+
+    from rl_core.algos.hot_ops import hot_ops
+    from rl_core.algos.ppo import advantages, learner
+    from rl_core.algos.ppo.collect import collect_rollout
+    from rl_core.config.threads import SCORE_THREADS
+    from rl_core.envs import make_batch
+    from rl_core.policies.mlp import ActorCritic
+    from rl_core.policies.normalizer import ObservationNormalizer
+    from rl_core.seeding import action_noise
+
+    cfg = build_control_config("tiny", run_name="threads")
+    env = make_batch("HalfCheetah-v5", 4, 0)
+    noise = action_noise(0, 0, 0, env.num_envs, 8, env.action_dim)
+    experience, _ = collect_rollout(env, ActorCritic(env.obs_dim, env.action_dim), ObservationNormalizer(env.obs_dim),
+                                    8, 0.99, np.zeros(env.num_envs), noise)
+    seen = []
+    real = advantages._gae
+    monkeypatch.setattr(advantages, "_gae", lambda *a: (seen.append(torch.get_num_threads()), real(*a))[1])
+    previous = torch.get_num_threads()
+    torch.set_num_threads(SCORE_THREADS + 1)
+    try:
+        learner.score(cfg, [experience.to_arrays()], [{"reward_scale": 1.0}])
+        assert torch.get_num_threads() == SCORE_THREADS + 1  # the process's count, restored
+    finally:
+        torch.set_num_threads(previous)
+    assert seen == [SCORE_THREADS] and hot_ops(cfg)["gae"][1] == SCORE_THREADS

@@ -18,7 +18,7 @@ from rl_core.algos.ppo.batches import Experience, ScoredBatch
 from rl_core.algos.ppo.collect import acting_version, collect_rollout
 from rl_core.algos.ppo.update import RolloutBatch, decoupled, ppo_update, summarize_epochs
 from rl_core.config.control import ControlRunConfig, PPOConfig
-from rl_core.config.threads import update_cores
+from rl_core.config.threads import SCORE_THREADS, update_cores
 from rl_core.optim.adam import FusedAdam
 from rl_core.optim.optimizer_state import load_optimizer_arrays, optimizer_arrays
 from rl_core.policies.mlp import ActorCritic
@@ -147,7 +147,12 @@ def score(cfg: ControlRunConfig, parts: list[Tensors], metas: list[dict[str, Any
     if len(scales) != 1:
         raise RuntimeError(f"workers used different reward scales {scales}; rerun simulate")
     ppo: PPOConfig = cfg.algorithm  # type: ignore[assignment]
-    scored = score_experience([Experience.from_arrays(p) for p in parts], scales.pop(), ppo.gamma, ppo.gae_lambda)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(SCORE_THREADS)  # the count GAE was tuned at (`hot_ops`), whatever the process's own
+    try:
+        scored = score_experience([Experience.from_arrays(p) for p in parts], scales.pop(), ppo.gamma, ppo.gae_lambda)
+    finally:
+        torch.set_num_threads(previous)
     return scored.to_arrays()
 
 
@@ -157,7 +162,7 @@ def hot_ops(cfg: ControlRunConfig, spaces: Spaces, num_ranks: int, trainer_threa
     policy's forward pass on one env worker's envs at every step. A policy with two hidden layers of one width (the
     shape the MLP ops are tuned for) takes the whole minibatch gradient (`ppo_grad`); any other only the loss."""
     ppo: PPOConfig = cfg.algorithm  # type: ignore[assignment]
-    ops: Calls = {"gae": ({"T": cfg.env.rollout_steps, "N": cfg.env.num_envs}, None)}
+    ops: Calls = {"gae": ({"T": cfg.env.rollout_steps, "N": cfg.env.num_envs}, SCORE_THREADS)}
     minibatch = ppo.minibatch_size // num_ranks
     if len(ppo.hidden) == 2 and ppo.hidden[0] == ppo.hidden[1]:
         widths = {"D": spaces.obs_dim, "H": ppo.hidden[0], "A": spaces.action_dim}
