@@ -100,7 +100,7 @@ def train_agent(**options: Any) -> dict:
                                      behaviour_version(cfg, iteration + 1)) if ahead else None
             with waits("train"):
                 trained = [s.result() for s in shards]
-            commits.add(cfg, incarnation, iteration, version, trained[0]["staged"], rolled["trajectories"])
+            commits.add(incarnation, iteration, version, trained[0]["staged"], rolled["trajectories"])
             committed = commits.land(waits).committed
             version = committed["version"]
             metrics = trained[0]

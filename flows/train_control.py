@@ -135,7 +135,7 @@ def train_control(**options: Any) -> dict:
                 if landed:
                     report_landed(report, returns, landed)
             finishing = Trained(sim, trained[0], waits, clock.lap())
-            commits.add(cfg, incarnation, iteration, version, trained[0]["staged"], sim["experience"], finishing)
+            commits.add(incarnation, iteration, version, trained[0]["staged"], sim["experience"], finishing)
             version += 1
         if finishing is not None:  # the run's last commit is waited for in its own iteration's time
             last = commits.land(finishing.waits)

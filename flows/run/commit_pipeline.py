@@ -55,18 +55,18 @@ class CommitPipeline:
     """checkpoint_diff of one iteration at a time, started when the flow says and landed before the next is added."""
 
     def __init__(self, cfg: AnyRunConfig, step: Task) -> None:
-        self.step = step
+        self.cfg, self.step = cfg, step
         self.writer: CheckpointStore | None = writer_store(cfg)
         self._pending: _Pending | None = None
 
-    def add(self, cfg: AnyRunConfig, incarnation: str, iteration: int, version: int, staged: str,
-            experience: list[str], context: Any = None) -> None:
+    def add(self, incarnation: str, iteration: int, version: int, staged: str, experience: list[str],
+            context: Any = None) -> None:
         """Queue the commit of version+1 (iteration `iteration`'s result); `context` comes back with it from `land`."""
         if self._pending is not None:
             raise RuntimeError(f"iteration {iteration}'s commit added while iteration {self._pending.iteration}'s "
                                "has not landed: versions land in order")
-        self._pending = _Pending((cfg, incarnation, iteration, version, staged, experience, self.writer), iteration,
-                                 version + 1, context)
+        self._pending = _Pending((self.cfg, incarnation, iteration, version, staged, experience, self.writer),
+                                 iteration, version + 1, context)
 
     def start(self) -> None:
         """Submit the queued commit, if any and not yet started."""

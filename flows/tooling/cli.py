@@ -209,9 +209,9 @@ def _run_flow(args: argparse.Namespace, table: dict[str, LaunchOption], build: C
               load_flow: Callable[[], Callable], columns: tuple[str, ...], print_summary: Callable) -> dict[str, Any]:
     """Validate the options; start Prefect's temporary API (when none is configured), Ray and the run's actors, and
     import the flow (`load_flow`), each without waiting for the one before (see flows/tooling/startup.py); run the
-    flow under a progress bar and print its summary. Returns the summary with `command_s`, the whole command's seconds, and
-    `startup_s`, from the process's start (the interpreter and every import included) to the start of the first
-    iteration it trained (None when it trained none)."""
+    flow under a progress bar and print its summary. Returns the summary with `command_s`, the whole command's
+    seconds, and `startup_s`, from the process's start (the interpreter and every import included) to the start of
+    the first iteration it trained (None when it trained none)."""
     from rich.console import Console
 
     from flows.run import progress

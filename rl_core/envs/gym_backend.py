@@ -26,14 +26,12 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from rl_core.config.control import GYM_PREFIX
 from rl_core.envs.batched import COUNTER_FIELDS, StepResult
 
-PREFIX = GYM_PREFIX
-
 
 def gym_id(env_name: str) -> str:
     """`gym:Pendulum-v1` -> `Pendulum-v1`."""
-    if not env_name.startswith(PREFIX):
-        raise ValueError(f"{env_name!r} is not a gymnasium backend name; those look like '{PREFIX}Pendulum-v1'")
-    return env_name[len(PREFIX):]
+    if not env_name.startswith(GYM_PREFIX):
+        raise ValueError(f"{env_name!r} is not a gymnasium backend name; those look like '{GYM_PREFIX}Pendulum-v1'")
+    return env_name[len(GYM_PREFIX):]
 
 
 def check_spaces(env_id: str, observation_space: gymnasium.Space, action_space: gymnasium.Space) -> None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import importlib
 
+from rl_core.config.control import GYM_PREFIX
 from rl_core.config.randomization import DynamicsRandomization
 from rl_core.envs.ant import ANT_V5
 from rl_core.envs.batched import BatchedMujocoEnv
-from rl_core.envs.gym_backend import PREFIX as GYM_PREFIX
 from rl_core.envs.gym_backend import GymnasiumBatch, validate_gym_env
 from rl_core.envs.halfcheetah import HALF_CHEETAH_V5
 from rl_core.envs.hopper import HOPPER_V5

@@ -28,14 +28,14 @@ def _two_iterations(store: str) -> list[int]:
     commits = CommitPipeline(cfg, _fake_diff)
     landed = []
     for iteration in range(2):
-        commits.add(cfg, "inc", iteration, iteration, "staged", [], context=f"iteration {iteration}")
+        commits.add("inc", iteration, iteration, "staged", [], context=f"iteration {iteration}")
         with pytest.raises(RuntimeError, match="has not landed: versions land in order"):
-            commits.add(cfg, "inc", iteration + 1, iteration + 1, "staged", [])
+            commits.add("inc", iteration + 1, iteration + 1, "staged", [])
         commits.start()
         done = commits.land(StepWaits())
         assert done.context == f"iteration {iteration}"
         landed.append(done.committed["version"])
-    commits.add(cfg, "inc", 2, 2, "wrong", [])
+    commits.add("inc", 2, 2, "wrong", [])
     with pytest.raises(RuntimeError, match="iteration 2 committed version 9, expected 3"):
         commits.land(StepWaits())
     commits.close()
