@@ -47,5 +47,5 @@ def _check_env(cfg: AnyRunConfig, agent: bool) -> None:
             raise FieldProblem("env.module", str(err), cfg.env.module) from None
     try:
         (validate_agent_env_name if agent else validate_env_name)(cfg.env.name)
-    except ValueError as err:
+    except (ValueError, ImportError) as err:  # an rg: env without the tasks extra says what to install
         raise FieldProblem("env.name", str(err), cfg.env.name) from None
