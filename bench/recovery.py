@@ -20,7 +20,7 @@ same command, as a user would. Per kind:
 - data_lost: a version committed before the fault is gone or no longer verifies (the corrupted version itself is
   the fault's damage, and must come back), or a policy that should be bit-identical is not.
 
-    python bench/recovery.py [--iterations 6] [--fault-iteration 3] [--only kind,kind]
+    python bench/recovery.py [--iterations 6] [--fault-iteration 3] [--only kind,kind] [--work-dir DIR]
 
 Last line: one JSON object with `faults` (per kind: detected, recovered, bit_identical, lost_s, lost_env_steps or
 lost_tokens, lost_work_over_interval, fault_to_progress_s, data_lost) and `all_recovered`.
@@ -38,13 +38,13 @@ import sqlite3
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
 from rl_core.checkpoint import CheckpointStore
+from rl_core.private_temp import use_private_temp_dir
 from rl_core.reporting.metric_sinks import read_metrics
 from rl_core.runtime.local_ray import kill_local_ray_of
 
@@ -91,9 +91,9 @@ def detected(kind: Kind, run_dir: Path, prefect_home: Path, iteration: int, faul
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args = args
-        self.work = Path(tempfile.mkdtemp(prefix="gymflow-bench-recovery-"))
+        self.work = work
         self.store = self.work / "runs"
         self.env = {**os.environ, "PREFECT_HOME": str(self.work / "prefect"),
                     "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(self.work / "prefect" / "results")}
@@ -312,9 +312,14 @@ def main() -> None:
     parser.add_argument("--fault-iteration", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default="", help="comma-separated kinds (default: all)")
+    parser.add_argument("--work-dir", type=Path, help="keep the runs and their logs here (default: a temp folder "
+                        "removed at exit)")
     args = parser.parse_args()
     chosen = [k for k in KINDS if not args.only or k.name in args.only.split(",")]
-    bench = Bench(args)
+    temp = use_private_temp_dir("gymflow-bench-recovery-")  # removed at exit, after a failure or SIGTERM too
+    if args.work_dir:
+        args.work_dir.mkdir(parents=True, exist_ok=True)
+    bench = Bench(args, args.work_dir or temp)
     results = {}
     for kind in chosen:
         started = time.monotonic()
@@ -331,7 +336,7 @@ def main() -> None:
         "any_data_lost": any(r["data_lost"] for r in results.values()),
         "max_lost_work_over_interval": max(r["lost_work_over_interval"] for r in results.values()),
         "checkpoint_interval_s": {f: round(r["interval_s"], 3) for f, r in bench.references.items()},
-        "work_dir": str(bench.work),
+        "work_dir": str(args.work_dir) if args.work_dir else None,
     }))
 
 

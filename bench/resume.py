@@ -20,7 +20,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from recovery import (  # bench/recovery.py: what a rerun reuses
     kept_outputs,
 )
 
+from rl_core.private_temp import use_private_temp_dir
 from rl_core.runtime.local_ray import kill_local_ray_of
 
 
@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--random-seed", type=int, default=1)
     args = parser.parse_args()
     rng = random.Random(args.random_seed)
-    work = Path(tempfile.mkdtemp(prefix="gymflow-bench-resume-"))
+    work = use_private_temp_dir("gymflow-bench-resume-")  # the runs; removed at exit, after a failure or SIGTERM too
     env = {**os.environ, "PREFECT_HOME": str(work / "prefect"),
            "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(work / "prefect" / "results")}
     store = work / "runs"

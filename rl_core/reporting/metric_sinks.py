@@ -13,14 +13,13 @@ import importlib
 import json
 import math
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
 import fsspec
 
 from rl_core.data import RunLayout
+from rl_core.private_temp import PrivateTempDir
 
 Record = dict[str, Any]
 SINKS_VARIABLE = "GYMFLOW_METRIC_SINKS"
@@ -104,7 +103,9 @@ class TensorBoardSink:
         url = RunLayout(run_url).tensorboard
         fs, path = fsspec.core.url_to_fs(url)
         self._remote = None if "file" in fs.protocol else (fs, path)
-        self._logdir = tempfile.mkdtemp(prefix="gymflow-tb-") if self._remote else path
+        # A remote store's events wait in a temp folder: removed by close or at exit (after a kill, by the next sink).
+        self._temp = PrivateTempDir("gymflow-tb-") if self._remote else None
+        self._logdir = str(self._temp.path) if self._temp else path
         Path(self._logdir).mkdir(parents=True, exist_ok=True)
         self._writer = SummaryWriter(log_dir=self._logdir, flush_secs=flush_secs)
 
@@ -122,7 +123,7 @@ class TensorBoardSink:
             fs.makedirs(path, exist_ok=True)
             for event_file in Path(self._logdir).iterdir():
                 fs.put_file(str(event_file), f"{path}/{event_file.name}")
-            shutil.rmtree(self._logdir, ignore_errors=True)
+            self._temp.close()
 
 
 def configured_sinks(run_url: str, run_name: str) -> list[MetricSink]:
