@@ -15,7 +15,7 @@ from rl_core.data.run_info import open_run
 from rl_core.reporting import RunMetricsSink
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["train-agent"], ["evaluate"], ["runs"], ["ckpt"], ["ui"],
+@pytest.mark.parametrize("command", [[], ["train"], ["train-agent"], ["evaluate"], ["runs"], ["export"], ["ckpt"], ["ui"],
                                      ["ckpt", "gc"]])
 def test_help_at_every_level_exits_zero_and_says_what_the_command_does(command, capsys) -> None:
     with pytest.raises(SystemExit) as done:

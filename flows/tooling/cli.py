@@ -4,6 +4,7 @@
     gymflow train-agent [options]     train an LLM agent (GRPO on text tasks) through the train-agent flow
     gymflow evaluate RUN [--video]    evaluate a stored version of a run; render it to MP4 or GIF
     gymflow runs [--store URL]        the runs under a store: newest version, iterations, last score, size
+    gymflow export RUN --hf DIR | --safetensors FILE   a stored version as a model that loads without gymflow
     gymflow ckpt ls|show|verify|gc|export ...   inspect and maintain a run's checkpoint store
     gymflow ui [--stop]               a local Prefect server, the gymflow work pool, deployments and a worker
 
@@ -80,6 +81,23 @@ def _runs_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per run instead of a table")
 
 
+def _export_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("export", help="write a stored version of a run as a model that loads without gymflow",
+                            description="An agent run's policy as a Hugging Face model directory (config.json, "
+                                        "model.safetensors, the tokenizer: what transformers' from_pretrained "
+                                        "loads); a control run's policy as one safetensors file whose header says "
+                                        "how to rebuild it (docs: guides/export.md).", epilog=EXIT_CODES)
+    parser.add_argument("run", metavar="RUN", help="the run's name (its folder under --store)")
+    parser.add_argument("--store", default=DEFAULT_STORE, help=f"fsspec URL the run folder lives under "
+                                                               f"(default: {DEFAULT_STORE})")
+    parser.add_argument("--version", type=int, help="checkpoint version (default: the newest loadable)")
+    output = parser.add_mutually_exclusive_group(required=True)
+    output.add_argument("--hf", metavar="DIR", help="agent runs: the Hugging Face model directory to write")
+    output.add_argument("--safetensors", metavar="FILE", help="control runs: the safetensors file to write")
+    parser.add_argument("--force", action="store_true", help="write over an existing file, or into a non-empty "
+                                                             "directory (the files an export writes are replaced)")
+
+
 def _ckpt_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("ckpt", add_help=False, help="inspect and maintain a checkpoint store: "
                                                          "ls|show|verify|gc|export (gymflow ckpt --help)")
@@ -105,6 +123,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                   agent_launch_options())
     _evaluate_parser(sub)
     _runs_parser(sub)
+    _export_parser(sub)
     _ckpt_parser(sub)
     _ui_parser(sub)
     return parser.parse_args(argv)
@@ -119,7 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         return checkpoint_main(argv[1:], prog="gymflow ckpt")
     args = parse_args(argv)
     if args.command == "ui":
-        return _ui(args)
+        return _ui(args)  # its servers outlive the command: they keep the temp dir they were given
+    from rl_core.private_temp import use_private_temp_dir
+
+    # The command's own temp dir, and its processes' (Prefect's API, Ray's workers, the generator's vLLM engine):
+    # removed at exit, after a failure or SIGTERM too, with whatever they left there. First, so that its removal,
+    # an exit handler, runs after those that stop the processes.
+    use_private_temp_dir("gymflow-command-")
     from flows.tooling.defaults import apply_prefect_defaults
 
     apply_prefect_defaults()  # before anything imports prefect
@@ -131,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     from rl_core.data.run_info import RunInfoError
     from rl_core.data.run_lease import RunBusy
 
-    commands = {"train": _train, "train-agent": _train_agent, "evaluate": _evaluate, "runs": _runs}
+    commands = {"train": _train, "train-agent": _train_agent, "evaluate": _evaluate, "runs": _runs,
+                "export": _export}
     try:
         result = commands[args.command](args)
     except ConfigError as err:
@@ -293,6 +319,15 @@ def _runs(args: argparse.Namespace) -> None:
                       str(row["latest_version"]), str(row["iterations"]), score, f"{row['bytes'] / 1e6:.1f} MB")
     console.print(table)
     return
+
+
+def _export(args: argparse.Namespace) -> dict[str, Any]:
+    from flows.tooling.export import export_version
+
+    fmt, target = ("hf", args.hf) if args.hf is not None else ("safetensors", args.safetensors)
+    result = export_version(args.run, args.store, args.version, fmt, target, force=args.force)
+    print(f"version {result['version']} of {args.run} -> {result[fmt]}")
+    return result
 
 
 def _ui(args: argparse.Namespace) -> int:
