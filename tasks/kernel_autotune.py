@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 import gymflow_kernels as kernels
 from rl_core.algos.hot_ops import hot_ops, tune_hot_ops
 from rl_core.config.control import ControlRunConfig
-from rl_core.config.threads import ENV_WORKER_THREADS, TRAINER_THREADS
+from rl_core.config.threads import ENV_WORKER_THREADS, learner_threads
 from rl_core.data import RunLayout
 from tasks.artifact_keys import artifact_key
 from tasks.caching import STEP_OPTIONS
@@ -27,7 +27,7 @@ from tasks.caching import STEP_OPTIONS
 def kernel_autotune(cfg: ControlRunConfig) -> dict:
     """Tune the run's hot ops for its shapes; returns winners and whether each was a cache hit. The report
     is also written into the run's folder, so the run records which implementations computed it."""
-    reports = tune_hot_ops(hot_ops(cfg, cfg.num_ranks, TRAINER_THREADS, ENV_WORKER_THREADS))
+    reports = tune_hot_ops(hot_ops(cfg, cfg.num_ranks, learner_threads(cfg), ENV_WORKER_THREADS))
     fast = {p: kernels.fast_p(reports, p) for p in (1.0, 1.5)}
     create_table_artifact(
         key=artifact_key(cfg.run_name, "kernel-autotune"), table=[row for report in reports for row in report.rows()],

@@ -5,6 +5,7 @@ from prefect import get_run_logger
 from prefect.runtime import flow_run
 
 from flows.run.store_credentials import export_store_credentials
+from rl_core.algos.base import algorithm_of
 from rl_core.algos.preflight import preflight
 from rl_core.config.agent import AnyRunConfig
 from rl_core.config.common import require_shared_store
@@ -23,7 +24,8 @@ def start_run(cfg: AnyRunConfig, credentials_block: str | None) -> tuple[RunInfo
     if credentials_block:
         names = export_store_credentials(credentials_block)
         logger.info("store credentials from block %s: set %s", credentials_block, ", ".join(names))
-    run = open_run(cfg)
+    rests_on = algorithm_of(cfg).rests_on
+    run = open_run(cfg, rests_on(cfg) if rests_on is not None else None)
     lease = RunLease(cfg.run_url, cfg.run_name, flow_run.id)
     lease.acquire()
     logger.info("run %s (%s) at %s", cfg.run_name, "new" if run.is_new else "continued", cfg.run_url)

@@ -143,6 +143,9 @@ class Algorithm:
     behaviour_version: Callable[[Any, int], int] = lambda cfg, iteration: iteration
     """(cfg, iteration) -> the policy version that acts in (collects or samples) iteration `iteration`: the version it
     trains from, or with overlap or staleness the one before. A rule, not a mode: a retried step asks the same."""
+    rests_on: Callable[["ControlRunConfig"], dict[str, str]] | None = None
+    """(cfg) -> what the run's versions need from outside the store, by digest (GRPO with LoRA: the frozen base
+    model's files): recorded in run.json by a new run, and a continued run must present the same."""
     check: Callable[["ControlRunConfig"], None] | None = None
     """The algorithm's part of the preflight (`rl_core.algos.preflight`): raises a `FieldProblem` naming what the
     world refuses (a model file, a backend); called once per process by the edges, never by the actors."""

@@ -58,7 +58,8 @@ class AgentEnvConfig(BaseModel):
     module: Optional[str] = Field(None, description="Python module imported first to register your own agent envs.",
                                   json_schema_extra=option("env_module"))
     name: str = Field("CalcTool-v0", description="Registered agent env (Arithmetic-v0, CalcTool-v0, "
-                      "PendulumGains-v0, or your own).", json_schema_extra=option("env"))
+                      "PendulumGains-v0, or your own), or rg:<dataset>[?key=value&...] for a reasoning-gym dataset "
+                      "(the tasks extra).", json_schema_extra=option("env"))
     num_workers: int = Field(1, ge=1, description="Ray env workers that score plans of simulator-backed envs.")
 
 
@@ -77,6 +78,25 @@ class ModelConfig(BaseModel):
     num_hidden_layers: int = Field(2, ge=1, description="Decoder layers of a built model.")
     num_attention_heads: int = Field(4, ge=1, description="Attention heads of a built model.")
     context: int = Field(96, ge=2, description="Positions (prompt and every turn) of a built model.")
+    lora_rank: Optional[int] = Field(None, ge=1, description="Train LoRA adapters of this rank on the target "
+                                     "projections, the base frozen (it is read from the model's files, never stored); "
+                                     "None: full fine-tuning.")
+    lora_alpha: float = Field(16.0, gt=0, description="LoRA's scale numerator: an adapter adds (alpha / rank) B A.")
+    lora_targets: str = Field("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                              description="Comma-separated projections of every layer that get an adapter.")
+
+    @field_validator("lora_targets")
+    @classmethod
+    def _targets(cls, value: str) -> str:
+        """One spelling (no blanks, each name once); which names a model has is the preflight's."""
+        names = [name.strip() for name in value.split(",")]
+        if not all(names):
+            raise ValueError(f"expected comma-separated projection names, e.g. q_proj,v_proj; found {value!r}")
+        return ",".join(dict.fromkeys(names))
+
+    @property
+    def lora_target_names(self) -> tuple[str, ...]:
+        return tuple(self.lora_targets.split(","))
 
     @field_validator("path")
     @classmethod
@@ -133,6 +153,9 @@ class AgentRunConfig(BaseModel):
         4, ge=1, description="Prompt groups generated together and written as one safe point: a retried or resumed "
         "rollout regenerates only the chunks not yet written.")
     collective_timeout_s: float = Field(120.0, gt=0, description="How long a rank waits in a collective.")
+    threads: int = Field(2, ge=1, description="torch threads of the generator and of each trainer rank. In the "
+                         "synchronous schedule they take turns, so each may use every core (with max_staleness >= 1 "
+                         "they run side by side: give each half). Fixed for a run's life: its bits may depend on it.")
     env: AgentEnvConfig = AgentEnvConfig()
     model: ModelConfig = ModelConfig()
     sampling: SamplingConfig = SamplingConfig()

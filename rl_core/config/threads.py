@@ -4,6 +4,8 @@ so they are part of what a run computes; the cores (`update_cores`) change only 
 
 import os
 
+from rl_core.config.agent import AgentRunConfig, AnyRunConfig
+
 TRAINER_THREADS = 1
 """A process that trains a learner (a trainer rank, the in-process loop): ranks share the machine's cores, and the
 tiny MLP gains nothing from more."""
@@ -15,9 +17,12 @@ SCORE_THREADS = 1
 """GAE in the score step, in whichever process scores (a flow's, the in-process loop). Its tuned winner is looked up by
 the calling thread count, so a count of its own, not the process's, makes every entry point compute the same bits."""
 
-GENERATOR_THREADS = 1
-"""The generator actor: it samples while the trainer ranks wait (and the reverse), and a small LM's decode step is too
-small to split."""
+
+
+def learner_threads(cfg: AnyRunConfig) -> int:
+    """torch threads of a process that trains `cfg`'s learner or generates for it: an agent run's own `threads` (its
+    generator and trainer take turns on the cores), else `TRAINER_THREADS`."""
+    return cfg.threads if isinstance(cfg, AgentRunConfig) else TRAINER_THREADS
 
 
 def update_cores(num_ranks: int, overlap: bool) -> int:

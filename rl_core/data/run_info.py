@@ -97,8 +97,10 @@ def load_run_config(store: str, run_name: str) -> ControlRunConfig:
     return ControlRunConfig.model_validate({**config, "storage": storage})
 
 
-def open_run(cfg: AnyRunConfig) -> RunInfo:
-    """Create the run's run.json, or check that an existing one was made with a compatible config."""
+def open_run(cfg: AnyRunConfig, rests_on: dict[str, str] | None = None) -> RunInfo:
+    """Create the run's run.json, or check that an existing one was made with a compatible config. `rests_on`: what
+    the run's versions need from outside the store (`Algorithm.rests_on`: a LoRA run's frozen base model, by
+    digest), recorded by a new run and required unchanged by a continued one."""
     layout = RunLayout(cfg.run_url)
     fs, path = fsspec.core.url_to_fs(layout.run_info)
     current = cfg.model_dump(mode="json")
@@ -110,9 +112,18 @@ def open_run(cfg: AnyRunConfig) -> RunInfo:
             diffs = "; ".join(f"{k}: was {before.get(k)!r}, now {now.get(k)!r}" for k in changed)
             raise ConfigError(f"run {cfg.run_name!r} at {cfg.run_url} exists with another configuration ({diffs}); "
                               "continue it with the same settings or start a new --run-name")
+        recorded = stored.get("rests_on") or {}
+        moved = sorted(k for k in recorded if recorded[k] != (rests_on or {}).get(k))
+        if moved:
+            diffs = "; ".join(f"{k}: was {recorded[k]}, now {(rests_on or {}).get(k)}" for k in moved)
+            raise ConfigError(f"run {cfg.run_name!r} at {cfg.run_url} was trained on other files ({diffs}); its "
+                              "versions hold only what trained, so continue it with the files it started from or "
+                              "start a new --run-name")
         return RunInfo(stored["incarnation"], stored["created"], is_new=False)
     info = RunInfo(uuid.uuid4().hex, datetime.now(timezone.utc).isoformat(), is_new=True)
     fs.makedirs(fs._parent(path), exist_ok=True)
-    fs.pipe_file(path, json.dumps({"incarnation": info.incarnation, "created": info.created, "config": current},
-                                  indent=2).encode())
+    record = {"incarnation": info.incarnation, "created": info.created, "config": current}
+    if rests_on:
+        record["rests_on"] = rests_on
+    fs.pipe_file(path, json.dumps(record, indent=2).encode())
     return info

@@ -61,9 +61,10 @@ class TorchGenerator:
         return self._version
 
     def update_weights(self, state: dict[str, np.ndarray], version: int) -> None:
-        """Copy `state` (HF parameter names, as `LlamaLM.hf_state_dict`) into the model and become `version`."""
-        self.model.load_hf_state({name: torch.from_numpy(np.array(value, dtype=np.float32))
-                                  for name, value in state.items()})
+        """Copy `state` (HF parameter names, as `LlamaLM.policy_state_dict`: every weight, or a LoRA model's
+        adapters) into the model and become `version`."""
+        self.model.load_policy_state({name: torch.from_numpy(np.array(value, dtype=np.float32))
+                                      for name, value in state.items()})
         self._version = int(version)
 
     def generate(self, requests: Sequence[GenerationRequest], version: int) -> list[Generation]:

@@ -22,6 +22,7 @@ from torch import nn
 
 from rl_core.policies.kv_cache import KVCache, SlotCache, attention_dtype
 from rl_core.policies.llama_spec import LlamaSpec
+from rl_core.policies.lora import LoRALinear, adapter_state, has_lora, load_adapter_state
 from rl_core.policies.onednn_linear import Linear
 
 
@@ -245,14 +246,33 @@ class LlamaLM(nn.Module):
         return self.lm_head(self.model.decode(input_ids, cache))
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The tensors HF saves: every parameter by name, without lm_head.weight when it is the tied embedding."""
-        state = self.state_dict()
+        """The tensors HF saves: every parameter by name, without lm_head.weight when it is the tied embedding; a
+        projection with a LoRA adapter as its merged weight (`lora.LoRALinear.merged_weight`)."""
+        state = {name: tensor for name, tensor in self.state_dict().items() if ".lora_" not in name}
+        state.update({f"{name}.weight": module.merged_weight() for name, module in self.named_modules()
+                      if isinstance(module, LoRALinear)})
         if self.spec.tie_word_embeddings:
             del state["lm_head.weight"]
         return state
 
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """What trains, and so what a version holds and a generator loads: the adapters where the model has LoRA
+        adapters (the base stays in the model's files), else `hf_state_dict`."""
+        return adapter_state(self) if has_lora(self) else self.hf_state_dict()
+
+    def load_policy_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy `tensors` (`policy_state_dict`'s names and shapes) into the model, in place."""
+        if has_lora(self):
+            load_adapter_state(self, tensors)
+        else:
+            self.load_hf_state(tensors)
+
     def load_hf_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Copy `tensors` (exactly `hf_state_dict`'s names and shapes) into the parameters, in place."""
+        """Copy `tensors` (exactly `hf_state_dict`'s names and shapes) into the parameters, in place: a base model's
+        weights, loaded before any LoRA adapter is added (an adapter's frozen weight is not its merged one)."""
+        if has_lora(self):
+            raise ValueError("LlamaLM.load_hf_state: this model has LoRA adapters; load the base weights before "
+                             "adding them, and the adapters with load_policy_state")
         own = self.hf_state_dict()
         missing, unexpected = sorted(own.keys() - tensors.keys()), sorted(tensors.keys() - own.keys())
         if missing or unexpected:

@@ -27,7 +27,7 @@ from rl_core.algos.base import (
 )
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config.agent import parse_run_config
-from rl_core.config.threads import TRAINER_THREADS
+from rl_core.config.threads import learner_threads
 from rl_core.data import RunLayout, read_tensors, write_tensors
 from rl_core.envs.registry import import_env_module
 from rl_core.optim.instability import UnstableUpdate
@@ -41,8 +41,8 @@ class TrainerRank:
     """Rank `rank` of `world_size`; `connect` joins the process group once, `train` runs per iteration."""
 
     def __init__(self, config_json: str, rank: int, world_size: int) -> None:
-        torch.set_num_threads(TRAINER_THREADS)
         self.cfg = parse_run_config(config_json)
+        torch.set_num_threads(learner_threads(self.cfg))
         import_env_module(self.cfg.env.module)  # the run's own envs, registered in this process too
         self.rank, self.world_size = rank, world_size
         self.layout = RunLayout(self.cfg.run_url)

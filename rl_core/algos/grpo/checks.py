@@ -6,9 +6,10 @@ from __future__ import annotations
 from rl_core.algos.grpo.phases import check_demonstrations_fit, check_prompts_fit
 from rl_core.config.agent import AgentRunConfig
 from rl_core.config.common import FieldProblem
-from rl_core.envs.agent import make_agent_env
-from rl_core.policies.hf_model import inspect_causal_lm
+from rl_core.envs.agent import AgentEnv, make_agent_env
+from rl_core.policies.hf_model import Tokenizer, inspect_causal_lm
 from rl_core.policies.lm_policy import model_spec, tokenizer_of
+from rl_core.policies.lora import check_lora
 
 
 def check_agent_run(cfg: AgentRunConfig) -> None:
@@ -18,14 +19,32 @@ def check_agent_run(cfg: AgentRunConfig) -> None:
             inspect_causal_lm(cfg.model.path)
         except (OSError, ValueError, ImportError) as err:
             raise FieldProblem("model.path", str(err).removeprefix("load_pretrained: "), cfg.model.path) from None
+    if cfg.model.lora_rank is not None:
+        _check_lora(cfg)
     try:
         _check_prompts_fit(cfg)
         if cfg.generator == "vllm":
             from rl_core.generation.vllm_generator import check_vllm_model  # vLLM's import, only for its runs
 
             check_vllm_model(model_spec(cfg))
+    except FieldProblem:
+        raise
     except ValueError as err:
         raise FieldProblem("", str(err)) from None
+
+
+def _check_lora(cfg: AgentRunConfig) -> None:
+    """The targets are projections of the model and the rank fits each: a bad name or rank names its flag."""
+    m = cfg.model
+    if cfg.generator == "vllm":
+        raise FieldProblem("model.lora_rank", "LoRA runs generate with the torch backend (--generator torch): "
+                           "serving the adapters to vLLM as LoRA requests is not built yet", m.lora_rank)
+    try:
+        check_lora(model_spec(cfg), m.lora_rank, m.lora_target_names)
+    except ValueError as err:
+        field = "model.lora_targets" if "names no projection" in str(err) else "model.lora_rank"
+        raise FieldProblem(field, str(err), m.lora_targets if field == "model.lora_targets" else m.lora_rank) \
+            from None
 
 
 def _check_prompts_fit(cfg: AgentRunConfig) -> None:
@@ -34,10 +53,32 @@ def _check_prompts_fit(cfg: AgentRunConfig) -> None:
     if missing:
         raise ValueError(f"model.path: the model's tokenizer cannot write {missing} of {cfg.env.name}'s "
                          "alphabet; train a model on that alphabet or pick an env it covers")
+    _check_answers_writable(cfg, env, tokenizer)
     context = model_spec(cfg).max_position_embeddings
-    make = lambda: make_agent_env(cfg.env.name)  # noqa: E731
+    make = lambda: make_agent_env(cfg.env.name)
     count = cfg.algorithm.prompts_per_iteration
     check_prompts_fit(cfg, make, tokenizer, context, env.problem_seeds("train", count), "train")
     check_prompts_fit(cfg, make, tokenizer, context, env.problem_seeds("heldout", cfg.eval_problems), "held-out")
     if cfg.sft.steps:
         check_demonstrations_fit(cfg, env, tokenizer, context, env.problem_seeds("train", count))
+
+
+def _check_answers_writable(cfg: AgentRunConfig, env: AgentEnv, tokenizer: Tokenizer) -> None:
+    """A FieldProblem on env.name when the tokenizer cannot write a demonstration's action of the first iteration's
+    or the held-out problems: the policy could never answer them right, nor SFT imitate them. Writing each character
+    (the alphabet check) is not enough: an env's alphabet may be a vocabulary its answers go beyond (rg: envs), and a
+    tokenizer may not round-trip a whole string."""
+    count = cfg.algorithm.prompts_per_iteration
+    for split, seeds in (("train", env.problem_seeds("train", count)),
+                         ("held-out", env.problem_seeds("heldout", cfg.eval_problems))):
+        for seed in seeds:
+            try:
+                actions = env.demonstration(seed)
+            except ValueError as err:  # an env that has no demonstration of this problem says why
+                raise FieldProblem("env.name", str(err), cfg.env.name) from None
+            for action in actions:
+                if not tokenizer.can_write(action):
+                    raise FieldProblem("env.name", f"the run's tokenizer cannot write {action!r}, the answer of "
+                                       f"{cfg.env.name} {split} problem {seed}; pick an env whose answers it writes, "
+                                       "or a model whose tokenizer does (a built model writes the env's alphabet)",
+                                       cfg.env.name)

@@ -34,7 +34,8 @@ from rl_core.algos.grpo.update import ScoredTokens, UpdateStart, group_advantage
 from rl_core.data import RunLayout
 from rl_core.envs.agent import make_agent_env
 from rl_core.optim.optimizer_state import load_optimizer_arrays, optimizer_arrays
-from rl_core.policies.lm_policy import LMPolicy, hf_state, model_spec, tokenizer_of
+from rl_core.policies.hf_model import model_digest
+from rl_core.policies.lm_policy import LMPolicy, hf_state, tokenizer_of
 from rl_core.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ RNG_SCHEME = ("counter-based: a rollout token is drawn from (seed, stream, itera
 class GRPOLearner:
     """An LMPolicy, the Adam that trains it and (beta > 0) the frozen reference; the run's update schedule."""
 
-    def __init__(self, run: "AgentRunConfig", spaces: Spaces | None = None) -> None:
+    def __init__(self, run: AgentRunConfig, spaces: Spaces | None = None) -> None:
         self.run = run
         self.cfg = run.algorithm
         self.policy = LMPolicy.build(run)
@@ -67,7 +68,8 @@ class GRPOLearner:
     def optimizer(self) -> torch.optim.Adam:
         """Adam over the model's parameters, created on first use (it imports torch._dynamo: seconds)."""
         if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(self.policy.model.parameters(), lr=self.cfg.learning_rate)
+            trained = [p for p in self.policy.model.parameters() if p.requires_grad]  # LoRA: the adapters alone
+            self._optimizer = torch.optim.Adam(trained, lr=self.cfg.learning_rate)
         return self._optimizer
 
     def warm_start(self) -> dict[str, float]:
@@ -107,18 +109,18 @@ class GRPOLearner:
         out = self.policy.state()
         if self.reference is not None:
             out.update({REFERENCE_PREFIX + k: v.detach().numpy().copy()
-                        for k, v in self.reference.hf_state_dict().items()})
+                        for k, v in self.reference.policy_state_dict().items()})
         return {**out, **optimizer_arrays(self._optimizer)}
 
     def load_state(self, state: Tensors) -> None:
         self.policy.load_state(state)
         if self.reference is not None:
-            self.reference.load_hf_state({k: torch.from_numpy(np.array(v, dtype=np.float32))
-                                          for k, v in hf_state(state, REFERENCE_PREFIX).items()})
+            self.reference.load_policy_state({k: torch.from_numpy(np.array(v, dtype=np.float32))
+                                              for k, v in hf_state(state, REFERENCE_PREFIX).items()})
         load_optimizer_arrays(self.optimizer, state)
 
 
-def score(cfg: "AgentRunConfig", parts: list[Tensors], metas: list[dict[str, Any]]) -> Tensors:
+def score(cfg: AgentRunConfig, parts: list[Tensors], metas: list[dict[str, Any]]) -> Tensors:
     """Group-relative advantages of the iteration's episodes, broadcast to their token rows."""
     batch = TrajectoryBatch.concatenate([TrajectoryBatch.from_arrays(p) for p in parts], tokenizer_of(cfg).pad_id)
     advantages = group_advantages(batch.rewards, batch.episode_group, cfg.algorithm.scale_std)
@@ -128,21 +130,28 @@ def score(cfg: "AgentRunConfig", parts: list[Tensors], metas: list[dict[str, Any
             "rewards": batch.rewards}
 
 
-def hot_ops(cfg: "AgentRunConfig", spaces: Spaces | None, num_ranks: int, trainer_threads: int | None,
+def hot_ops(cfg: AgentRunConfig, spaces: Spaces | None, num_ranks: int, trainer_threads: int | None,
             env_worker_threads: int | None) -> Calls:
-    """The token log-probs and the loss of one rank's minibatch, at the length of a solved episode (the env's
-    scripted demonstration; the shape bucket rounds it up)."""
+    """The loss of one rank's minibatch, at the length of a solved episode (the env's scripted demonstration; the
+    shape bucket rounds it up). Not the token log-probs: they go through the model's own LM head, as the generator's
+    do, so that the behaviour log-probs are recomputed exactly (`update.token_logprobs`)."""
     grpo = cfg.algorithm
     rows = grpo.prompts_per_iteration * grpo.group_size // grpo.minibatches // num_ranks
     env = make_agent_env(cfg.env.name)
     seed = env.problem_seeds("train", 1)[0]
     steps = len(demonstration_segment(env, tokenizer_of(cfg), seed, env.demonstration(seed)).tokens) - 1
-    spec = model_spec(cfg)
-    return {"token_logprobs": ({"B": rows, "T": steps, "D": spec.hidden_size, "V": spec.vocab_size}, trainer_threads),
-            "grpo_loss": ({"B": rows, "T": steps}, trainer_threads)}
+    return {"grpo_loss": ({"B": rows, "T": steps}, trainer_threads)}
 
 
-def counters(cfg: "AgentRunConfig", experience: list[str], parent_meta: dict[str, Any] | None) -> dict[str, Any]:
+def rests_on(cfg: AgentRunConfig) -> dict[str, str]:
+    """A LoRA run on a model from files rests on those files (its versions hold only the adapters): their digest.
+    A built model is rebuilt from the config's seed, and a full fine-tune's versions hold every weight."""
+    if cfg.model.lora_rank is None or cfg.model.path is None:
+        return {}
+    return {"model.path": f"{cfg.model.path} {model_digest(cfg.model.path)}"}
+
+
+def counters(cfg: AgentRunConfig, experience: list[str], parent_meta: dict[str, Any] | None) -> dict[str, Any]:
     """Tokens generated, episodes played and train problems used so far (the dataset's position: iteration i plays
     problems [i * P, (i + 1) * P)), and the lineage: the trajectories this version's update consumed (paths under
     the run's folder) and the policy versions that generated them."""
@@ -162,7 +171,7 @@ def counters(cfg: "AgentRunConfig", experience: list[str], parent_meta: dict[str
             "train_problems_used": before["train_problems_used"] + problems,
             "trajectories": [uri.removeprefix(root) for uri in experience],
             "generated_by_versions": sorted(generated_by), "rng": RNG_SCHEME, "generator": cfg.generator,
-            "bit_reproducible": cfg.generator == "torch"}
+            "bit_reproducible": cfg.generator == "torch", **({"rests_on": rests_on(cfg)} if rests_on(cfg) else {})}
 
 
 register_algorithm(Algorithm(
@@ -175,6 +184,7 @@ register_algorithm(Algorithm(
     warm_start=True,
     uses_spaces=False,
     check=check_agent_run,
+    rests_on=rests_on,
     behaviour_version=behaviour_version,
     rollouts=Rollouts(chunks=num_chunks, check=check_iteration_fits, chunk=rollout_chunk, metrics=iteration_metrics,
                       evaluate=evaluate_heldout),

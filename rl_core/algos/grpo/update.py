@@ -38,7 +38,6 @@ STD_EPS = 1e-4
 """Added to a group's reward std: a group whose rewards are all equal gets advantage 0, not NaN."""
 
 _grpo_loss = kernels.dispatch("grpo_loss")
-_token_logprobs = kernels.dispatch("token_logprobs")
 
 
 def group_advantages(rewards: np.ndarray, groups: np.ndarray, scale_std: bool) -> np.ndarray:
@@ -55,18 +54,25 @@ def group_advantages(rewards: np.ndarray, groups: np.ndarray, scale_std: bool) -
     return advantages
 
 
-def token_logprobs(model: LlamaLM, tokens: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """(B, L - 1) log-prob of tokens[:, t + 1] given tokens[:, :t + 1] under the sampled distribution of `params`.
+def token_logprobs(model: LlamaLM, tokens: torch.Tensor, params: SamplingParams,
+                   where: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, L - 1) log-prob of tokens[:, t + 1] given tokens[:, :t + 1] under the sampled distribution of `params`;
+    with `where` (B, L - 1), only at the positions it marks (the sampled tokens), 0 elsewhere: the LM head, the
+    widest product, then skips the prompt's and the env's positions.
 
-    Temperature alone is a scaling of the final hidden state, so the tuned `token_logprobs` op computes it without
-    materialising the logits; top-k or top-p need the whole distribution and go through `sampling_logprobs`, the
-    function the generator samples with."""
+    The logits come from the model's own LM head and go through `sampling_logprobs`, exactly as the generator's do,
+    in every sampling mode, and a row's result does not depend on the rows beside it: the behaviour log-probs are
+    recomputed to the bit. (A fused log-softmax that divides the hidden state by the temperature first, the
+    `token_logprobs` kernel, rounds differently.)"""
     hidden, _, _ = model.model(tokens[:, :-1], None)
     targets = tokens[:, 1:]
-    if params.top_k == 0 and params.top_p == 1:
-        return _token_logprobs(hidden / params.temperature, model.lm_head.weight, targets)
-    logprobs = sampling_logprobs(model.lm_head(hidden), params)
-    return logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if where is None:
+        logprobs = sampling_logprobs(model.lm_head(hidden), params)
+        return logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    chosen = where > 0
+    logprobs = sampling_logprobs(model.lm_head(hidden[chosen]), params)
+    picked = logprobs.gather(-1, targets[chosen].unsqueeze(-1)).squeeze(-1)
+    return torch.zeros(targets.shape, dtype=picked.dtype).masked_scatter(chosen, picked)
 
 
 @dataclass(frozen=True)
@@ -111,15 +117,20 @@ def loss_weights(mask: torch.Tensor, global_rows: int, global_tokens: float, tok
 
 def logprob_parity(model: LlamaLM, batch: ScoredTokens, rows: torch.Tensor, params: SamplingParams,
                    hooks: UpdateHooks) -> dict[str, float]:
-    """Max and mean |trainer log-prob - behaviour log-prob| over the sampled tokens of all ranks' rows, before any
-    step: how exactly the trainer reproduces the distribution the generator sampled from. Rows from another
-    policy version compare nothing (empty: no key)."""
-    gap, mask = torch.zeros(0), torch.zeros(0)
-    if len(rows):
-        with torch.no_grad():
-            tokens, mask, behaviour = batch.trimmed(rows)
-            # where(): a position outside the sampled set (prompt, padding) may be -inf under top-k / top-p
-            gap = torch.where(mask > 0, (token_logprobs(model, tokens, params) - behaviour).abs(), 0.0)
+    """Max and mean |trainer log-prob - behaviour log-prob| over the sampled tokens of all ranks' rows: how exactly
+    the trainer reproduces the distribution the generator sampled from. Rows from another policy version compare
+    nothing (empty: no key)."""
+    if not len(rows):
+        return _parity(torch.zeros(0), torch.zeros(0), torch.zeros(0), hooks)
+    with torch.no_grad():
+        tokens, mask, behaviour = batch.trimmed(rows)
+        return _parity(token_logprobs(model, tokens, params, mask), behaviour, mask, hooks)
+
+
+def _parity(logprobs: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, hooks: UpdateHooks
+            ) -> dict[str, float]:
+    # where(): a position outside the sampled set (prompt, padding) may be -inf under top-k / top-p
+    gap = torch.where(mask > 0, (logprobs - behaviour).abs(), 0.0)
     sums = torch.stack([gap.sum(), mask.sum()]).double()
     worst = gap.max().reshape(1) if gap.numel() else torch.zeros(1)
     hooks.all_reduce_mean(sums)
@@ -136,13 +147,16 @@ class UpdateStart:
     old_logprobs: torch.Tensor  # (R, L - 1): the ratio's denominator per predicted token
     importance: torch.Tensor  # (R, L - 1): min(pi_prox / pi_behaviour, cap) for stale rows, 1 for fresh ones
     kept: torch.Tensor  # (R,) float32: 0 for rows staler than max_staleness
+    version: int  # the version the update starts from: rows it sampled are fresh
     metrics: dict[str, float]
 
     @classmethod
     def prepare(cls, model: LlamaLM, batch: ScoredTokens, params: SamplingParams, train_version: int,
                 max_staleness: int, tis_cap: float, hooks: UpdateHooks) -> UpdateStart:
-        """Parity on the fresh rows of this rank's share; proximal log-probs and truncated importance weights for
-        the stale rows (every rank computes them for the whole batch: any rank may take any group)."""
+        """Proximal log-probs and truncated importance weights for the stale rows (every rank computes them for the
+        whole batch: any rank may take any group). Fresh rows need no pass here: their proximal log-probs are the
+        behaviour log-probs, which the trainer recomputes exactly (parity is measured on the update's first
+        forward, `grpo_update`)."""
         staleness = train_version - batch.versions
         if (staleness < 0).any():
             raise ValueError(f"samples of policy version {int(batch.versions.max())} in the update of version "
@@ -153,21 +167,18 @@ class UpdateStart:
         if len(stale):
             tokens, mask, behaviour = batch.trimmed(stale)
             with torch.no_grad():
-                proximal = token_logprobs(model, tokens, params)
+                proximal = token_logprobs(model, tokens, params, mask)
             width = tokens.shape[1] - 1
             old[stale, :width] = proximal
             ratio = torch.where(mask > 0, (proximal - behaviour).exp().clamp(max=tis_cap), 1.0)
             importance[stale, :width] = ratio
-        share = batch.rows_of(torch.unique(batch.groups)[hooks.rank::hooks.world_size])
-        fresh = share[staleness[share] == 0]
         kept = (staleness <= max_staleness).float()
         stale_mask = batch.loss_mask[stale, 1:]
-        metrics = {**logprob_parity(model, batch, fresh, params, hooks),
-                   "staleness_mean": float(staleness.double().mean()),
+        metrics = {"staleness_mean": float(staleness.double().mean()),
                    "dropped_rows": float((kept == 0).sum()),
                    "importance_weight_mean": float((importance[stale] * stale_mask).sum() / stale_mask.sum())
                    if len(stale) and stale_mask.sum() > 0 else 1.0}
-        return cls(old, importance, kept, metrics)
+        return cls(old, importance, kept, train_version, metrics)
 
 
 def grpo_update(
@@ -197,8 +208,9 @@ def grpo_update(
     history = list(done)
     if len(history) >= update_epochs:
         return history
-    params_list = tuple(p for p in model.parameters())
+    params_list = tuple(p for p in model.parameters() if p.requires_grad)  # LoRA: the adapters alone
     grad = flat_grad_views(params_list)
+    parity: dict[str, float] = {}  # measured on epoch 0's first minibatch, before any step
     guard = NonFiniteGuard("GRPO", nonfinite_limit, hooks.rank)
     groups = torch.unique(batch.groups)
     per_minibatch = len(groups) // minibatches
@@ -218,11 +230,14 @@ def grpo_update(
             weights = loss_weights(mask, max(int(kept.sum()), 1), global_tokens, token_level, hooks.world_size)
             weights = weights * start.importance[rows, :width]
             old = start.old_logprobs[rows, :width]
-            logprobs = token_logprobs(model, tokens, params)
+            logprobs = token_logprobs(model, tokens, params, mask)
+            if epoch == 0 and m == 0:  # before any step: the weights that sampled the fresh rows
+                fresh = (batch.versions[rows] == start.version).float()[:, None]
+                parity = _parity(logprobs.detach(), start.old_logprobs[rows, :width], mask * fresh, hooks)
             ref_logprobs = None
             if beta != 0 and reference is not None:
                 with torch.no_grad():
-                    ref_logprobs = token_logprobs(reference, tokens, params)
+                    ref_logprobs = token_logprobs(reference, tokens, params, mask)
             loss, kl, clip_fraction = _grpo_loss(logprobs, old, ref_logprobs, batch.advantages[rows], weights,
                                                  clip_eps, beta)
             grad.copy_(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params_list)]))
@@ -240,7 +255,7 @@ def grpo_update(
         metrics.update(epoch=float(epoch), minibatch_steps=float(steps),
                        skipped_updates=float(guard.skipped - skipped_before))
         if epoch == 0:
-            metrics.update(start.metrics)
+            metrics.update(start.metrics, **parity)
         history.append(metrics)
         if hooks.on_epoch_end is not None:
             hooks.on_epoch_end(history, epoch + 1 == update_epochs)

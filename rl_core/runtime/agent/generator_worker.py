@@ -9,6 +9,7 @@ died (the next `sync` restores the weights).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 
@@ -18,7 +19,7 @@ import torch
 from rl_core.algos.base import policy_sha256
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config.agent import AgentRunConfig, parse_run_config
-from rl_core.config.threads import GENERATOR_THREADS
+from rl_core.config.threads import learner_threads
 from rl_core.data import RunLayout
 from rl_core.envs.registry import import_env_module
 from rl_core.generation import Generation, GenerationRequest, Generator
@@ -29,6 +30,9 @@ from rl_core.runtime.local_ray import actor_cpus, actor_options, ensure_ray, wai
 
 NO_VERSION = -1
 """What a new actor holds: no committed version, so it must sync before it generates."""
+CLOSE_TIMEOUT_S = 30.0
+"""How long a vLLM actor may take to stop its engine and remove its temp folder before it is killed regardless (the
+next generator then removes the folder of the killed process)."""
 
 
 class GeneratorDied(RuntimeError):
@@ -43,8 +47,8 @@ class GeneratorWorker:
     """A TorchGenerator on the run's model, fed committed versions from the run's checkpoint store."""
 
     def __init__(self, config_json: str) -> None:
-        torch.set_num_threads(GENERATOR_THREADS)
         self.cfg = parse_run_config(config_json)
+        torch.set_num_threads(learner_threads(self.cfg))
         import_env_module(self.cfg.env.module)  # the run's own envs, registered in this process too
         model, _ = build_language_model(self.cfg)
         if self.cfg.generator == "vllm":
@@ -77,6 +81,13 @@ class GeneratorWorker:
         self._calls += 1
         maybe_fail("generator.generate", version=version, call=self._calls)
         return self.backend.generate(requests, version)
+
+    def close(self) -> None:
+        """Stop the backend's engine and remove its temp folder (vLLM's; the torch backend has neither): `ray.kill`
+        ends the actor running no exit handler."""
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
 
 
 class GeneratorClient:
@@ -142,5 +153,8 @@ class GeneratorClient:
         with self._lock:
             actor, self._actor = self._actor, None
         if actor is not None:
+            if self.cfg.generator == "vllm":
+                with contextlib.suppress(ray.exceptions.RayError):  # dead or stuck: its folder outlives it
+                    ray.get(actor.close.remote(), timeout=CLOSE_TIMEOUT_S)
             ray.kill(actor, no_restart=True)
             wait_until_names_free([self.name])
