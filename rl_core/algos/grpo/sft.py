@@ -85,10 +85,10 @@ def supervised_warm_start(model: LlamaLM, tokenizer: Tokenizer, env: AgentEnv, s
     for step in range(steps):
         tokens, mask = demonstration_batch(env, tokenizer, problem_seeds(batch_size, step * batch_size), pad_id,
                                            model.spec.max_position_embeddings)
-        logits, _ = model(tokens[:, :-1])
-        token_loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
-        target_mask = mask[:, 1:].flatten()
-        loss = (token_loss * target_mask).sum() / target_mask.sum()
+        hidden, _, _ = model.model(tokens[:, :-1], None)
+        targets = mask[:, 1:] > 0  # the LM head, the widest product, only where a demonstrated token is predicted
+        logits = model.lm_head(hidden[targets])
+        loss = F.cross_entropy(logits, tokens[:, 1:][targets])
         if not torch.isfinite(loss):
             raise FloatingPointError(f"SFT loss is {loss.item()} at step {step}; lower sft.learning_rate")
         grad.copy_(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
