@@ -138,13 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return checkpoint_main(argv[1:], prog="gymflow ckpt")
     args = parse_args(argv)
     if args.command == "ui":
-        return _ui(args)  # its servers outlive the command: they keep the temp dir they were given
-    from rl_core.private_temp import use_private_temp_dir
-
-    # The command's own temp dir, and its processes' (Prefect's API, Ray's workers, the generator's vLLM engine):
-    # removed at exit, after a failure or SIGTERM too, with whatever they left there. First, so that its removal,
-    # an exit handler, runs after those that stop the processes.
-    use_private_temp_dir("gymflow-command-")
+        return _ui(args)
     from flows.tooling.defaults import apply_prefect_defaults
 
     apply_prefect_defaults()  # before anything imports prefect
@@ -345,6 +339,14 @@ def console_main() -> None:
     its own and does nothing a run needs. An exception (argparse's exit included), or a thread still running that the
     interpreter would wait for, leaves the ordinary way.
     """
+    if sys.argv[1:2] != ["ui"]:  # the UI's servers outlive the command: they keep the temp dir they were given
+        from rl_core.private_temp import use_private_temp_dir
+
+        # The command's own temp dir, and its processes' (Prefect's API, Ray's workers, the generator's vLLM
+        # engine): removed at exit, after a failure or SIGTERM too, with whatever they left there. Here, not in
+        # `main`, which a caller may run in its own process (tests), whose temp dir it must leave alone; and first,
+        # so that its removal, an exit handler, runs after those that stop the processes.
+        use_private_temp_dir("gymflow-command-")
     code = main()
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)  # threads the interpreter would wait for (an executor's work): the ordinary way
