@@ -77,8 +77,9 @@ class LoRALinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a, b = self.lora_A.weight, self.lora_B.weight
         if torch.is_grad_enabled() and (x.requires_grad or a.requires_grad or b.requires_grad):
-            return _MergedLoRA.apply(x, a, b, self._packed_merged(), self.scale, self._transposed_merged)
-        return linear_product(x, self._packed_merged())
+            packed = self._refresh(transposed=True)  # both copies from one merge: the backward needs the second
+            return _MergedLoRA.apply(x, a, b, packed, self.scale, lambda: self._merged_t[1])
+        return linear_product(x, self._refresh(transposed=False))
 
     def merged_weight(self) -> torch.Tensor:
         """`W + (alpha / r) B A`, the B A product on oneDNN: what this layer multiplies by (kept only packed, so the
@@ -87,20 +88,21 @@ class LoRALinear(Linear):
             a, b = self.lora_A.weight.detach(), self.lora_B.weight.detach()
             return self.weight + linear_product(b, a.t().contiguous()) * self.scale
 
-    def _packed_merged(self) -> torch.Tensor:
+    def _refresh(self, transposed: bool) -> torch.Tensor:
+        """The packed merged weight, remade from one merge (with, where asked, its transposed copy for the input's
+        gradient) when the adapters changed since it was made."""
         key = self._key()
-        if self._merged_packed is None or self._merged_packed[0] != key:
-            self._merged_packed = None  # the old copy goes before the new one is made
-            self._merged_packed = (key, pack_weight(self.merged_weight()))
+        stale = self._merged_packed is None or self._merged_packed[0] != key
+        stale_t = transposed and (self._merged_t is None or self._merged_t[0] != key)
+        if stale or stale_t:
+            self._merged_packed = None  # the old copies go before the new ones are made
+            if transposed:
+                self._merged_t = None
+            merged = self.merged_weight()
+            self._merged_packed = (key, pack_weight(merged))
+            if transposed:
+                self._merged_t = (key, pack_weight(merged.t().contiguous()))
         return self._merged_packed[1]
-
-    def _transposed_merged(self) -> torch.Tensor:
-        """The merged weight transposed and packed, for the input's gradient (once per version of the adapters)."""
-        key = self._key()
-        if self._merged_t is None or self._merged_t[0] != key:
-            self._merged_t = None
-            self._merged_t = (key, pack_weight(self.merged_weight().t().contiguous()))
-        return self._merged_t[1]
 
     def _key(self) -> tuple[int, ...]:
         a, b, w = self.lora_A.weight, self.lora_B.weight, self.weight
@@ -124,10 +126,21 @@ def projection_shapes(spec: LlamaSpec) -> dict[str, tuple[int, int]]:
 
 def check_lora(spec: LlamaSpec, rank: int, targets: tuple[str, ...]) -> None:
     """A ValueError naming the problem unless every target is a projection of the model and `rank` fits each."""
+    check_lora_targets(spec, targets)
+    check_lora_rank(spec, rank, targets)
+
+
+def check_lora_targets(spec: LlamaSpec, targets: tuple[str, ...]) -> None:
+    """A ValueError unless every target is a projection of a layer of `spec`."""
     shapes = projection_shapes(spec)
     unknown = [t for t in targets if t not in shapes]
     if unknown:
         raise ValueError(f"{', '.join(unknown)} names no projection of a Llama layer; allowed: {', '.join(shapes)}")
+
+
+def check_lora_rank(spec: LlamaSpec, rank: int, targets: tuple[str, ...]) -> None:
+    """A ValueError unless `rank` fits the width of every target (known targets: `check_lora_targets` first)."""
+    shapes = projection_shapes(spec)
     for target in targets:
         width = min(shapes[target])
         if rank > width:

@@ -9,7 +9,7 @@ from rl_core.config.common import FieldProblem
 from rl_core.envs.agent import AgentEnv, make_agent_env
 from rl_core.policies.hf_model import Tokenizer, inspect_causal_lm
 from rl_core.policies.lm_policy import model_spec, tokenizer_of
-from rl_core.policies.lora import check_lora
+from rl_core.policies.lora import check_lora_rank, check_lora_targets
 
 
 def check_agent_run(cfg: AgentRunConfig) -> None:
@@ -39,12 +39,15 @@ def _check_lora(cfg: AgentRunConfig) -> None:
     if cfg.generator == "vllm":
         raise FieldProblem("model.lora_rank", "LoRA runs generate with the torch backend (--generator torch): "
                            "serving the adapters to vLLM as LoRA requests is not built yet", m.lora_rank)
+    spec = model_spec(cfg)
     try:
-        check_lora(model_spec(cfg), m.lora_rank, m.lora_target_names)
+        check_lora_targets(spec, m.lora_target_names)
     except ValueError as err:
-        field = "model.lora_targets" if "names no projection" in str(err) else "model.lora_rank"
-        raise FieldProblem(field, str(err), m.lora_targets if field == "model.lora_targets" else m.lora_rank) \
-            from None
+        raise FieldProblem("model.lora_targets", str(err), m.lora_targets) from None
+    try:
+        check_lora_rank(spec, m.lora_rank, m.lora_target_names)
+    except ValueError as err:
+        raise FieldProblem("model.lora_rank", str(err), m.lora_rank) from None
 
 
 def _check_prompts_fit(cfg: AgentRunConfig) -> None:

@@ -171,7 +171,7 @@ def counters(cfg: AgentRunConfig, experience: list[str], parent_meta: dict[str, 
             "train_problems_used": before["train_problems_used"] + problems,
             "trajectories": [uri.removeprefix(root) for uri in experience],
             "generated_by_versions": sorted(generated_by), "rng": RNG_SCHEME, "generator": cfg.generator,
-            "bit_reproducible": cfg.generator == "torch", **({"rests_on": rests_on(cfg)} if rests_on(cfg) else {})}
+            "bit_reproducible": cfg.generator == "torch", **({"rests_on": base} if (base := rests_on(cfg)) else {})}
 
 
 register_algorithm(Algorithm(
