@@ -17,6 +17,7 @@ from rl_core.algos.ppo.batches import ENV_STATE_PREFIX
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config.common import RunSpec
 from rl_core.data import RunLayout, read_tensors
+from rl_core.runtime.free_memory import release_free_memory
 
 
 def writer_store(cfg: RunSpec) -> CheckpointStore:
@@ -107,4 +108,6 @@ def commit_iteration(cfg: RunSpec, iteration: int, version: int, staged: str, ex
     summary = _summary(store, new)
     fs, path = fsspec.core.url_to_fs(RunLayout(cfg.run_url).iteration(iteration))
     fs.rm(path, recursive=True)  # the committed version now holds everything the step outputs carried
+    del tensors
+    release_free_memory()  # the staged state read and the encoding buffers, while the next steps run beside
     return summary

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from rl_core.data import RunLayout, read_tensors, write_tensors
 from rl_core.envs.registry import import_env_module
 from rl_core.optim.instability import UnstableUpdate
 from rl_core.runtime.faults import maybe_fail
+from rl_core.runtime.free_memory import release_free_memory
 from rl_core.runtime.version_state import learner_state
 
 logger = logging.getLogger("rl_core.runtime")
@@ -86,6 +87,7 @@ class TrainerRank:
         learner state to `uri`; the metrics of the warm start."""
         metrics = self.learner.warm_start()
         write_tensors(uri, self.learner.state(), {"warm_start": metrics})
+        release_free_memory()
         self.learner_version = None  # the store's version 0 is what every rank loads from now on
         return metrics
 
@@ -119,6 +121,7 @@ class TrainerRank:
                           {"iteration": iteration, "parent_version": version})
         self.learner_version = version + 1
         self._completed = (iteration, version, metrics)
+        release_free_memory()  # the update's activations and the staged copy: the generator and the commit need them
         return metrics
 
     def _roll_back(self, iteration: int, version: int, unstable: UnstableUpdate) -> dict[str, float]:

@@ -26,6 +26,7 @@ from rl_core.generation import Generation, GenerationRequest, Generator
 from rl_core.generation.torch_generator import TorchGenerator
 from rl_core.policies.lm_policy import build_language_model, hf_state
 from rl_core.runtime.faults import maybe_fail
+from rl_core.runtime.free_memory import release_free_memory
 from rl_core.runtime.local_ray import actor_cpus, actor_options, ensure_ray, wait_until_names_free
 
 NO_VERSION = -1
@@ -74,6 +75,8 @@ class GeneratorWorker:
             self.backend.update_weights(weights, version)
             self._calls = 0
             self._sha256 = policy_sha256({f"model.{k}": v for k, v in weights.items()})
+            del weights
+            release_free_memory()  # the version read from the store, once the backend holds its own copy
         return self._sha256
 
     def generate(self, requests: Sequence[GenerationRequest], version: int) -> list[Generation]:
