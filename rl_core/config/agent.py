@@ -156,6 +156,13 @@ class AgentRunConfig(BaseModel):
     threads: int = Field(2, ge=1, description="torch threads of the generator and of each trainer rank. In the "
                          "synchronous schedule they take turns, so each may use every core (with max_staleness >= 1 "
                          "they run side by side: give each half). Fixed for a run's life: its bits may depend on it.")
+    agent: Optional[str] = Field(
+        None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="Your agent program, module:callable (an async "
+        "function of an AgentContext, or a class with async run(ctx)): it owns its loop and calls a stock OpenAI "
+        "client at the per-episode endpoint gymflow serves; rl_core.envs.agent.programs:step_env runs the env's own "
+        "turn loop that way. Unset: gymflow's built-in turn loop.")
+    agent_timeout_s: float = Field(120.0, gt=0, description="How long one episode's program may run before it is "
+                                   "stopped and scored 0.")
     env: AgentEnvConfig = AgentEnvConfig()
     model: ModelConfig = ModelConfig()
     sampling: SamplingConfig = SamplingConfig()

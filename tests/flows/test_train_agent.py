@@ -103,6 +103,42 @@ def test_a_killed_actor_is_replaced_and_the_run_ends_bit_identical(tmp_path, mon
     assert [t.run_count for t in runs if t.run_count > 1] == [2]
 
 
+STEP_ENV = "rl_core.envs.agent.programs:step_env"
+
+
+def test_the_env_turn_loop_as_a_program_through_the_endpoint_trains_the_same_weights(tmp_path, reference) -> None:
+    """The step contract's episodes, played by a program calling a stock OpenAI client at gymflow's endpoint: the
+    same token ids, log-probs and seeds, so the same weights to the bit (nothing re-tokenized on the way)."""
+    program = _run(f"file://{tmp_path}/runs", "program", agent=STEP_ENV)
+    assert program["policy_sha256"] == reference["policy_sha256"]
+    assert program["tokens_generated"] == reference["tokens_generated"]
+
+
+SELF_CHECK = "examples.agents.self_check:run"
+
+
+def test_a_generator_killed_mid_episode_resumes_the_programs_from_their_recorded_calls(tmp_path, monkeypatch) -> None:
+    """The self-check agent makes two calls per episode; the generator dies on iteration 1's second batch (every
+    episode of the first chunk has made its first call). The retried rollout re-runs each program, answers its first
+    call from the store and generates only the second: the run ends bit-identical to one that never failed."""
+    store = f"file://{tmp_path}/runs"
+    clean = _run(store, "self-check", agent=SELF_CHECK)
+    inject_faults(monkeypatch, tmp_path, "generator.generate:version=1,call=2,action=kill")
+    from flows.train_agent import train_agent
+
+    state = train_agent(preset="tiny", store=store, run_name="self-check-killed", seed=SEED, agent=SELF_CHECK,
+                        return_state=True)
+    assert state.result()["policy_sha256"] == clean["policy_sha256"]
+    retried = [t for t in task_runs(state.state_details.flow_run_id)
+               if t.name.startswith("rollout") and t.run_count > 1]
+    assert len(retried) == 1
+    resumed = retried[0].state.result()
+    assert resumed["program_replayed_calls"] > 0 and resumed["program_divergences"] == 0
+    # only the tokens after each episode's last recorded call were generated again
+    assert resumed["program_generated_tokens"] + resumed["program_replayed_tokens"] == resumed["tokens"]
+    assert resumed["program_failed_programs"] == 0
+
+
 def test_a_poisoned_update_rolls_back_and_the_agent_run_goes_on(tmp_path, monkeypatch) -> None:
     """NaN advantages in iteration 1: its two minibatch steps are skipped, the limit of 2 discards the update, and
     version 2's learner repeats version 1's; iteration 2 trains on."""

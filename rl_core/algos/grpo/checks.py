@@ -7,6 +7,7 @@ from rl_core.algos.grpo.phases import check_demonstrations_fit, check_prompts_fi
 from rl_core.config.agent import AgentRunConfig
 from rl_core.config.common import FieldProblem
 from rl_core.envs.agent import AgentEnv, make_agent_env
+from rl_core.envs.agent.programs import load_agent_program
 from rl_core.policies.hf_model import Tokenizer, inspect_causal_lm
 from rl_core.policies.lm_policy import model_spec, tokenizer_of
 from rl_core.policies.lora import check_lora_rank, check_lora_targets
@@ -21,6 +22,11 @@ def check_agent_run(cfg: AgentRunConfig) -> None:
             raise FieldProblem("model.path", str(err).removeprefix("load_pretrained: "), cfg.model.path) from None
     if cfg.model.lora_rank is not None:
         _check_lora(cfg)
+    if cfg.agent is not None:
+        try:
+            load_agent_program(cfg.agent)
+        except ValueError as err:
+            raise FieldProblem("agent", str(err), cfg.agent) from None
     try:
         _check_prompts_fit(cfg)
         if cfg.generator == "vllm":

@@ -13,8 +13,11 @@ import time
 from rl_core.algos.base import algorithm_of
 from rl_core.config.agent import AgentRunConfig
 from rl_core.envs.agent import AgentEnv, make_agent_env, uses_simulator
+from rl_core.envs.agent.programs import AgentProgram, load_agent_program
 from rl_core.policies.lm_policy import model_spec, tokenizer_of
 from rl_core.runtime.agent.generator_worker import GeneratorClient
+from rl_core.runtime.agent.program_chunks import evaluate_programs
+from rl_core.runtime.agent.program_rollout import ProgramEndpoint
 from rl_core.runtime.agent.simulation_pool import SimulationPool
 from rl_core.runtime.trainer_group import TrainerGroup
 
@@ -29,6 +32,8 @@ class AgentActors:
         self.generator = GeneratorClient(cfg)
         self._trainer_group: TrainerGroup | None = None
         self.simulators = SimulationPool(cfg) if self.simulated else None
+        self._endpoint: ProgramEndpoint | None = None
+        self.program: AgentProgram | None = load_agent_program(cfg.agent) if cfg.agent else None
 
     @property
     def trainer_group(self) -> TrainerGroup:
@@ -36,6 +41,15 @@ class AgentActors:
             if self._trainer_group is None:
                 self._trainer_group = TrainerGroup(self.cfg)
             return self._trainer_group
+
+    @property
+    def endpoint(self) -> ProgramEndpoint:
+        """The run's OpenAI-compatible endpoint in this process, started on first use (agent programs only)."""
+        with self._lock:
+            if self._endpoint is None:
+                self._endpoint = ProgramEndpoint(self.cfg, tokenizer_of(self.cfg),
+                                                 model_spec(self.cfg).max_position_embeddings)
+            return self._endpoint
 
     @property
     def step_threads(self) -> int:
@@ -54,9 +68,12 @@ class AgentActors:
         started = time.perf_counter()
         policy_hash = self.generator.sync(version)
         generate = lambda requests: self.generator.generate(requests, version)  # noqa: E731
-        result = algorithm_of(self.cfg).rollouts.evaluate(self.cfg, self.make_env, tokenizer_of(self.cfg), generate,
-                                                          model_spec(self.cfg).max_position_embeddings, version,
-                                                          self.step_threads)
+        if self.program is not None:
+            result = evaluate_programs(self.cfg, self, generate, version)
+        else:
+            result = algorithm_of(self.cfg).rollouts.evaluate(self.cfg, self.make_env, tokenizer_of(self.cfg),
+                                                              generate, model_spec(self.cfg).max_position_embeddings,
+                                                              version, self.step_threads)
         return {**result, "policy_sha256": policy_hash, "seconds": time.perf_counter() - started}
 
     def start(self) -> None:
@@ -70,6 +87,9 @@ class AgentActors:
         """Stop the actors (idempotent); the next use starts new ones."""
         with self._lock:
             group, self._trainer_group = self._trainer_group, None
+            endpoint, self._endpoint = self._endpoint, None
+        if endpoint is not None:
+            endpoint.close()
         self.generator.shutdown()
         if group:
             group.shutdown()

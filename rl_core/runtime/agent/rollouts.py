@@ -14,6 +14,7 @@ from rl_core.algos.base import Tensors, algorithm_of
 from rl_core.config.agent import AgentRunConfig
 from rl_core.data import RunLayout, TensorFileError, read_tensors, write_tensors
 from rl_core.policies.lm_policy import model_spec, tokenizer_of
+from rl_core.runtime.agent.program_chunks import program_chunk
 from rl_core.runtime.faults import maybe_fail
 
 if TYPE_CHECKING:
@@ -45,13 +46,17 @@ def rollout_iteration(cfg: AgentRunConfig, actors: "AgentActors", iteration: int
     rollouts.check(cfg, actors.make_env, tokenizer, context, iteration)  # before anything is generated or written
     actors.generator.sync(version)
     generate = lambda requests: actors.generator.generate(requests, version)  # noqa: E731
-    uris, chunks, resumed = [], [], 0
+    uris, chunks, resumed, calls = [], [], 0, {}
     for chunk in range(rollouts.chunks(cfg)):
         uri = layout.trajectories(iteration, chunk)
         arrays = _written(uri, iteration, version)
         if arrays is None:
-            arrays, meta = rollouts.chunk(cfg, actors.make_env, tokenizer, generate, context, iteration, version,
-                                          chunk, actors.step_threads)
+            if actors.program is not None:
+                arrays, meta = program_chunk(cfg, actors, generate, iteration, version, chunk)
+                calls = _add(calls, meta["calls"])
+            else:
+                arrays, meta = rollouts.chunk(cfg, actors.make_env, tokenizer, generate, context, iteration, version,
+                                              chunk, actors.step_threads)
             write_tensors(uri, arrays, meta)
         else:
             resumed += 1
@@ -59,5 +64,10 @@ def rollout_iteration(cfg: AgentRunConfig, actors: "AgentActors", iteration: int
         uris.append(uri)
         chunks.append(arrays)
     metrics = rollouts.metrics(chunks, tokenizer.pad_id)
-    return {"trajectories": uris, **metrics, "chunks_resumed": resumed, "seconds": time.perf_counter() - started}
+    return {"trajectories": uris, **metrics, "chunks_resumed": resumed, **{f"program_{k}": v for k, v in calls.items()},
+            "seconds": time.perf_counter() - started}
+
+
+def _add(totals: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+    return {key: totals.get(key, 0) + more.get(key, 0) for key in {*totals, *more}}
 
