@@ -284,23 +284,22 @@ def _refusal(field: str, asked: float, run: float, policy: SamplingPolicy, lower
                         field)
 
 
-def _temperature(request: ChatRequest, policy: SamplingPolicy) -> float:
-    asked = request.temperature
-    if asked is None or asked == policy.temperature:
-        return policy.temperature
-    if policy.allow_less_random and 0 < asked < policy.temperature:
+def _lowered(field: str, asked: float | None, run: float, policy: SamplingPolicy, lower: str) -> float:
+    """The run's value of `field` (temperature, top_p), or a lower one > 0 where the policy lets a request ask."""
+    if asked is None or asked == run:
+        return run
+    if policy.allow_less_random and 0 < asked < run:
         return asked
-    raise _refusal("temperature", asked, policy.temperature, policy,
-                   "lower it to a value > 0 (e.g. 1e-3 for near-greedy sampling; 0 is not a distribution)")
+    raise _refusal(field, asked, run, policy, lower)
+
+
+def _temperature(request: ChatRequest, policy: SamplingPolicy) -> float:
+    return _lowered("temperature", request.temperature, policy.temperature, policy,
+                    "lower it to a value > 0 (e.g. 1e-3 for near-greedy sampling; 0 is not a distribution)")
 
 
 def _top_p(request: ChatRequest, policy: SamplingPolicy) -> float:
-    asked = request.top_p
-    if asked is None or asked == policy.top_p:
-        return policy.top_p
-    if policy.allow_less_random and 0 < asked < policy.top_p:
-        return asked
-    raise _refusal("top_p", asked, policy.top_p, policy, "lower it to a value > 0")
+    return _lowered("top_p", request.top_p, policy.top_p, policy, "lower it to a value > 0")
 
 
 def _top_k(request: ChatRequest, policy: SamplingPolicy) -> int:
