@@ -3,7 +3,7 @@ problems, counters, safe points and trajectory files as the built-in turn loop's
 each episode played by `program_rollout.run_programs`."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -12,11 +12,19 @@ from rl_core.algos.grpo.phases import chunk_groups, iteration_problems, rollout_
 from rl_core.algos.grpo.trajectories import TrajectoryBatch, episode_meta
 from rl_core.config.agent import AgentRunConfig
 from rl_core.data import RunLayout
+from rl_core.envs.agent import AgentEnv
+from rl_core.envs.agent.programs import AgentProgram
 from rl_core.policies.lm_policy import tokenizer_of
-from rl_core.runtime.agent.program_rollout import CallLog, run_programs
+from rl_core.runtime.agent.program_rollout import CallLog, ProgramEndpoint, run_programs
 
-if TYPE_CHECKING:
-    from rl_core.runtime.agent.actors import AgentActors
+
+class AgentActors(Protocol):
+    """What these steps use of the run's actors (`rl_core.runtime.agent.actors.AgentActors`, which calls them)."""
+
+    program: AgentProgram
+    endpoint: ProgramEndpoint
+
+    def make_env(self) -> AgentEnv: ...
 
 
 def call_log(cfg: AgentRunConfig, iteration: int, chunk: int, version: int) -> CallLog:
