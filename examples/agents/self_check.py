@@ -12,7 +12,7 @@ from rl_core.envs.agent.programs import AgentContext, Result
 
 
 async def run(ctx: AgentContext) -> Result:
-    client = openai.AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0)
+    client = ctx.client()  # a stock openai.AsyncOpenAI at this episode's URL
     try:
         messages = [{"role": "user", "content": ctx.problem.prompt}]
         draft = await _reply(client, ctx, messages)

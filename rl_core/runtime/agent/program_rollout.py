@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 import fsspec
+import httpx
 
 from rl_core.algos.grpo.episodes import EpisodeSpec, Generate
 from rl_core.algos.grpo.trajectories import Episode
@@ -199,6 +200,17 @@ class CallLog:
         return on_record
 
 
+class _SharedHTTP(httpx.AsyncClient):
+    """The rollout's one HTTP client, shared by every episode's OpenAI client: an episode closing its client (as
+    `async with` or `close()` does) leaves it open; the rollout closes it when its programs are done."""
+
+    async def aclose(self) -> None:
+        return None
+
+    async def close_shared(self) -> None:
+        await super().aclose()
+
+
 def run_programs(program: AgentProgram, specs: Sequence[EpisodeSpec], make_env, endpoint: ProgramEndpoint,
                  generate: Generate, counters: tuple[int, ...], version: int, split: str, timeout_s: float,
                  calls: CallLog | None = None) -> tuple[list[Episode], dict[str, float]]:
@@ -212,7 +224,7 @@ def run_programs(program: AgentProgram, specs: Sequence[EpisodeSpec], make_env, 
                                 calls.writer(spec) if calls else None)
         endpoint.sessions.open(session, recorder, generate)
         ctx = AgentContext(Problem(spec.problem_seed, split, prompt), env, endpoint.server.base_url_for(session),
-                           endpoint.token, MODEL_NAME, tuple(env.stop), tuple(getattr(env, "tools", ())))
+                           endpoint.token, MODEL_NAME, tuple(env.stop), tuple(getattr(env, "tools", ())), http)
         failed = 0
         try:
             result = await asyncio.wait_for(program(ctx), timeout_s)
@@ -237,6 +249,8 @@ def run_programs(program: AgentProgram, specs: Sequence[EpisodeSpec], make_env, 
         return episode, {**asdict(recorder.metrics), "failed_programs": failed}
 
     async def every() -> list[tuple[Episode, dict]]:
+        nonlocal http
+        http = _SharedHTTP(timeout=httpx.Timeout(timeout_s), limits=httpx.Limits(max_connections=None))
         runs = [asyncio.ensure_future(one(spec)) for spec in specs]
         try:
             return await asyncio.gather(*runs)
@@ -244,6 +258,9 @@ def run_programs(program: AgentProgram, specs: Sequence[EpisodeSpec], make_env, 
             for run in runs:
                 run.cancel()
             await asyncio.gather(*runs, return_exceptions=True)
+            await http.close_shared()
+
+    http: _SharedHTTP | None = None
 
     done = asyncio.run(every())
     totals: dict[str, float] = {}
