@@ -139,6 +139,57 @@ def test_a_generator_killed_mid_episode_resumes_the_programs_from_their_recorded
     assert resumed["program_failed_programs"] == 0
 
 
+@pytest.fixture(scope="module")
+def self_check(tmp_path_factory) -> dict:
+    """An uninterrupted run of the self-check agent (two calls per episode)."""
+    return _run(f"file://{tmp_path_factory.mktemp('self-check')}", "self-check", agent=SELF_CHECK)
+
+
+def test_an_exception_mid_episode_fails_the_rollout_and_the_retry_replays_the_recorded_calls(tmp_path, monkeypatch,
+                                                                                             self_check) -> None:
+    """The store write of an episode's second call raises (after the write): the rollout fails, and its retry
+    re-runs every program of the chunk, answering recorded calls from the store."""
+    inject_faults(monkeypatch, tmp_path, "program.call_recorded:iteration=1,chunk=0,group=0,sample=1,call=1")
+    from flows.train_agent import train_agent
+
+    state = train_agent(preset="tiny", store=f"file://{tmp_path}/runs", run_name="raised", seed=SEED,
+                        agent=SELF_CHECK, return_state=True)
+    assert state.result()["policy_sha256"] == self_check["policy_sha256"]
+    retried = [t.state.result() for t in task_runs(state.state_details.flow_run_id)
+               if t.name.startswith("rollout") and t.run_count > 1]
+    assert len(retried) == 1 and retried[0]["program_replayed_calls"] > 0
+
+
+def test_sigkill_of_the_process_group_mid_episode_then_resume(tmp_path, self_check) -> None:
+    """The run stalls after an episode of iteration 1 recorded its second call, before its chunk is written; the
+    whole process group is SIGKILLed there; the same command finishes the run bit-identical to the uninterrupted one."""
+    store = f"file://{tmp_path}/runs"
+    cmd = [sys.executable, "-m", "flows.tooling.cli", "train-agent", "--preset", "tiny", "--run-name", "killed",
+           "--seed", str(SEED), "--store", store, "--agent", SELF_CHECK]
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GYMFLOW_FAULT_DIR": str(faults),
+           "GYMFLOW_FAULTS": "program.call_recorded:iteration=1,chunk=0,group=1,sample=2,call=1,action=stall"}
+    calls = tmp_path / "runs" / "killed" / "steps" / "000001" / "calls" / "chunk-000"
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while not any(faults.iterdir()):
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the run never reached iteration 1's rollout"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kill_local_ray_of(proc.pid)
+    recorded = sorted(calls.glob("*/call-*.json"))
+    assert recorded and not (tmp_path / "runs" / "killed" / "trajectories" / "000001" / "chunk-000.safetensors").exists()
+    done = subprocess.run(cmd, env=env, start_new_session=True, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["policy_sha256"] == self_check["policy_sha256"]
+
+
 def test_a_poisoned_update_rolls_back_and_the_agent_run_goes_on(tmp_path, monkeypatch) -> None:
     """NaN advantages in iteration 1: its two minibatch steps are skipped, the limit of 2 discards the update, and
     version 2's learner repeats version 1's; iteration 2 trains on."""

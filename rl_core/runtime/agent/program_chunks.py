@@ -30,7 +30,8 @@ class AgentActors(Protocol):
 def call_log(cfg: AgentRunConfig, iteration: int, chunk: int, version: int) -> CallLog:
     """Where chunk `chunk` of `iteration` records its calls: in the iteration's step outputs, which its commit
     removes (once the chunk's trajectories are written they are the safe point)."""
-    return CallLog(f"{RunLayout(cfg.run_url).iteration(iteration)}/calls/chunk-{chunk:03d}", version)
+    return CallLog(f"{RunLayout(cfg.run_url).iteration(iteration)}/calls/chunk-{chunk:03d}", version,
+                   iteration=iteration, chunk=chunk)
 
 
 def program_chunk(cfg: AgentRunConfig, actors: AgentActors, generate: Generate, iteration: int, version: int,

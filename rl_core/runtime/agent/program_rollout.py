@@ -38,6 +38,7 @@ from rl_core.runtime.agent.chat_rendering import chat_format
 from rl_core.runtime.agent.episode_calls import CallRecord, EpisodeCalls, segments
 from rl_core.runtime.agent.openai_endpoint import EndpointServer, SessionEnded, new_token, openai_app
 from rl_core.runtime.agent.openai_request import SamplingPolicy
+from rl_core.runtime.faults import maybe_fail
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +156,9 @@ class CallLog:
     """Each episode's calls as JSON files under a rollout chunk's folder: written as they complete (safe points),
     read back by a retried rollout; records of another policy version are not this rollout's."""
 
-    def __init__(self, folder: str, version: int) -> None:
-        self.folder, self.version = folder.rstrip("/"), version
+    def __init__(self, folder: str, version: int, **where: int) -> None:
+        """`where`: the rollout's position (iteration, chunk), for the fault-injection point after each write."""
+        self.folder, self.version, self.where = folder.rstrip("/"), version, where
         self.fs, self.path = fsspec.core.url_to_fs(self.folder)
 
     def _episode(self, spec: EpisodeSpec) -> str:
@@ -193,6 +195,7 @@ class CallLog:
             partial = f"{final}.partial"
             self.fs.pipe_file(partial, json.dumps(record.to_json()).encode())
             self.fs.mv(partial, final)
+            maybe_fail("program.call_recorded", **self.where, group=spec.group, sample=spec.sample, call=record.index)
 
         async def on_record(record: CallRecord) -> None:
             await asyncio.to_thread(write, record)
