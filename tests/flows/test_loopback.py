@@ -1,5 +1,5 @@
 """Every process a run starts listens on loopback only: Prefect's temporary API, Ray (GCS, raylet, workers, the
-dashboard agent), the trainer group's gloo rendezvous and connections. Polls the listening sockets of the whole
+dashboard agent), the trainer group's gloo rendezvous and connections, the agent programs' OpenAI endpoint. Polls the listening sockets of the whole
 process tree of a real `gymflow train` / `train-agent` command while it runs."""
 from __future__ import annotations
 
@@ -32,9 +32,12 @@ def _loopback(address: str) -> bool:
     return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback  # ::ffff:127.0.0.1 is 127.0.0.1
 
 
-@pytest.mark.parametrize("command", ["train", pytest.param("train-agent", marks=pytest.mark.chaos)])
-def test_a_run_opens_no_port_beyond_loopback(tmp_path, command) -> None:
-    cmd = [sys.executable, "-m", "flows.tooling.cli", command, "--preset", "tiny", "--iterations", "3", "--store",
+@pytest.mark.parametrize("command", [
+    ["train"], pytest.param(["train-agent"], marks=pytest.mark.chaos),
+    ["train-agent", "--agent", "rl_core.envs.agent.programs:step_env"],  # the agent programs' OpenAI endpoint too
+], ids=["train", "train-agent", "train-agent-programs"])
+def test_a_run_opens_no_port_beyond_loopback(tmp_path, command: list[str]) -> None:
+    cmd = [sys.executable, "-m", "flows.tooling.cli", *command, "--preset", "tiny", "--iterations", "3", "--store",
            f"file://{tmp_path}/runs"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     root, seen = psutil.Process(proc.pid), set()
