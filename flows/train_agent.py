@@ -9,7 +9,8 @@
                                                       token-exact, written chunk by chunk as safe points)
         score(i)              -> group advantages    (GRPO: reward relative to the prompt's group)
         train_shard(i, k)     for k < K, together   (one torch.distributed group on Ray)
-        checkpoint_diff(i)    -> version v_i+1       (lossless delta, naming the trajectories it consumed)
+        checkpoint_diff(i)    -> version v_i+1       (lossless delta, naming the trajectories it consumed; it lands
+                                                      while rollout(i+1) and train_shard(i+1) run)
     evaluate(final version)                 held-out accuracy and mean reward
 
 With `max_staleness` S >= 1, rollout(i+1) starts when train_shard(i) does, sampling from v_i (one version stale),
@@ -17,8 +18,9 @@ so the generator and the trainer ranks work at the same time; the update correct
 truncated importance weights, `rl_core/algos/grpo/update.py`).
 
 The steps after rollout are the control flow's own tasks: they reach GRPO through the algorithm seam, as the flow
-does for the version each rollout samples from. Each commit lands before the next iteration starts (the run's
-`CommitPipeline`, without overlap): the next rollout's generator syncs weights from committed versions only.
+does for the version each rollout samples from. The run's `CommitPipeline` commits v_i+1 beside the next iteration:
+the next rollout's generator and the trainer ranks read v_i+1 where train_shard(i) staged it until it has landed
+(`rl_core.runtime.version_state`), and it lands before v_i+2 is added.
 
 The flow's parameters are the agent run's launch options (`rl_core.config.launch_options.agent_launch_options`);
 `gymflow train-agent` runs it from a terminal, `prefect deployment run 'train-agent/agent-train'` through a worker.
@@ -27,13 +29,14 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.run import progress
-from flows.run.commit_pipeline import CommitPipeline
+from flows.run.commit_pipeline import CommitPipeline, Landed
 from flows.run.parameters import with_launch_options
 from flows.run.report import RunReport, numbers
 from flows.run.start import start_run
@@ -52,6 +55,35 @@ from tasks.rollout import rollout
 from tasks.score import score
 from tasks.sft_warm_start import sft_warm_start
 from tasks.train_shard import train_shard
+
+
+@dataclass
+class Rolled:
+    """What an iteration reports once its commit lands."""
+
+    rolled: dict
+    trained: dict
+    waits: StepWaits
+    seconds: float
+
+
+def report_landed(report: RunReport, done: Landed) -> float:
+    """An iteration's figures, once its commit has landed: progress bar, log line, metrics; its log-prob parity
+    (NaN when no sample of the iteration was fresh)."""
+    it, committed, metrics = done.context, done.committed, done.context.trained
+    rolled, parity = it.rolled, metrics.get("logprob_parity_max", math.nan)
+    progress.report_agent_iteration(rolled["tokens"], rolled["accuracy"], rolled["mean_reward"], parity)
+    get_run_logger().info(
+        "iteration %d: version %d, accuracy %.3f, mean reward %.3f, %d tokens, log-prob parity max %.1e mean %.1e, "
+        "staleness %.2f (%d rows dropped), kl %.4f, %d bytes stored", done.iteration + 1, committed["version"],
+        rolled["accuracy"], rolled["mean_reward"], rolled["tokens"], parity,
+        metrics.get("logprob_parity_mean", math.nan), metrics.get("staleness_mean", math.nan),
+        metrics.get("dropped_rows", 0), metrics.get("kl", math.nan), committed["encoded_bytes"])
+    report.iteration({**numbers(metrics), **it.waits.seconds, "iteration": done.iteration + 1,
+                      "version": committed["version"], **numbers(rolled, "tokens", "accuracy", "mean_reward"),
+                      "tokens_total": committed["tokens_generated"], "tokens_per_s": rolled["tokens"] / it.seconds,
+                      "checkpoint_bytes": committed["encoded_bytes"], "iteration_s": it.seconds})
+    return parity
 
 
 @flow(name="train-agent", task_runner=ThreadPoolTaskRunner(max_workers=16))
@@ -86,36 +118,34 @@ def train_agent(**options: Any) -> dict:
         report = RunReport(cfg, "agent", done=version)
         clock = IterationClock()
         rolling = None  # with max_staleness >= 1: the next iteration's rollout, running while this one trains
+        finishing: Rolled | None = None  # the iteration whose commit is in flight
         for iteration in range(version, cfg.iterations):
             waits = StepWaits()
-            with waits("rollout"):
-                rolled = rolling.result() if rolling else rollout(cfg, actors, incarnation, iteration,
-                                                                  behaviour_version(cfg, iteration))
-            with waits("score"):
-                scored = score(cfg, incarnation, iteration, version, rolled["trajectories"])
-            shards = [train_shard.submit(cfg, actors, incarnation, iteration, version, k, scored["scored"])
-                      for k in range(cfg.num_ranks)]
-            ahead = cfg.algorithm.max_staleness and iteration + 1 < cfg.iterations
-            rolling = rollout.submit(cfg, actors, incarnation, iteration + 1,
-                                     behaviour_version(cfg, iteration + 1)) if ahead else None
-            with waits("train"):
-                trained = [s.result() for s in shards]
-            commits.add(incarnation, iteration, version, trained[0]["staged"], rolled["trajectories"])
-            committed = commits.land(waits).committed
-            version = committed["version"]
-            metrics = trained[0]
-            parity.append(metrics.get("logprob_parity_max", math.nan))  # absent when no sample is fresh
-            progress.report_agent_iteration(rolled["tokens"], rolled["accuracy"], rolled["mean_reward"], parity[-1])
-            logger.info("iteration %d: version %d, accuracy %.3f, mean reward %.3f, %d tokens, log-prob parity max "
-                        "%.1e mean %.1e, staleness %.2f (%d rows dropped), kl %.4f, %d bytes stored", iteration + 1,
-                        version, rolled["accuracy"], rolled["mean_reward"], rolled["tokens"], parity[-1],
-                        metrics.get("logprob_parity_mean", math.nan), metrics.get("staleness_mean", math.nan),
-                        metrics.get("dropped_rows", 0), metrics.get("kl", math.nan), committed["encoded_bytes"])
-            seconds = clock.lap()
-            report.iteration({**numbers(metrics), **waits.seconds, "iteration": iteration + 1, "version": version,
-                              **numbers(rolled, "tokens", "accuracy", "mean_reward"),
-                              "tokens_total": committed["tokens_generated"], "tokens_per_s": rolled["tokens"] / seconds,
-                              "checkpoint_bytes": committed["encoded_bytes"], "iteration_s": seconds})
+            try:
+                with waits("rollout"):
+                    rolled = rolling.result() if rolling else rollout(cfg, actors, incarnation, iteration,
+                                                                      behaviour_version(cfg, iteration))
+                with waits("score"):
+                    scored = score(cfg, incarnation, iteration, version, rolled["trajectories"])
+                shards = [train_shard.submit(cfg, actors, incarnation, iteration, version, k, scored["scored"])
+                          for k in range(cfg.num_ranks)]
+                ahead = cfg.algorithm.max_staleness and iteration + 1 < cfg.iterations
+                rolling = rollout.submit(cfg, actors, incarnation, iteration + 1,
+                                         behaviour_version(cfg, iteration + 1)) if ahead else None
+                with waits("train"):
+                    trained = [s.result() for s in shards]
+            finally:
+                landed = commits.land(waits)  # v_i (before v_i+1, a delta on it), even when a step of i failed
+                if landed:
+                    parity.append(report_landed(report, landed))
+            finishing = Rolled(rolled, trained[0], waits, clock.lap())
+            commits.add(incarnation, iteration, version, trained[0]["staged"], rolled["trajectories"], finishing)
+            commits.start()  # beside the next rollout and update: its generator reads v_i+1 where it was staged
+            version += 1
+        if finishing is not None:  # the run's last commit is waited for in its own iteration's time
+            last = commits.land(finishing.waits)
+            finishing.seconds += clock.lap()
+            parity.append(report_landed(report, last))
         final = evaluate(cfg, actors, incarnation, version)
     finally:
         if commits is not None:

@@ -16,8 +16,8 @@ Why overlapping is safe (the argument, in one place):
   builds a new pipeline, so it opens the store afresh.
 
 The control flow starts a commit beside the next iteration's train_shard, once its simulate and score are done (they
-keep every core busy; the update of one rank leaves one idle). The agent flow lands each commit at once: its next
-rollout's generator syncs weights from committed versions only.
+keep every core busy; the update of one rank leaves one idle). The agent flow starts it at once, beside the next
+rollout and update: its generator syncs a version in flight from what train_shard staged.
 """
 from __future__ import annotations
 

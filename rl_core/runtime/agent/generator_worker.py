@@ -1,10 +1,10 @@
 """The run's generator on a Ray actor that outlives task retries: a `Generator` backend plus the store it syncs from.
 
 The actor holds one policy version at a time. `sync(version)` loads that version's policy weights from the
-checkpoint store into the backend (`update_weights(state, version)`) unless it already holds them; `generate` is
-refused for any other version (`VersionMismatchError`), so every generation is stamped with the weights that made
-it. A rollout step syncs first, then generates: a retried step, a resumed run or a replaced actor all start from
-committed weights. `GeneratorClient` is the driver's side: it creates the named actor, and replaces it after it
+checkpoint store (or, while its commit is in flight, from what train_shard staged for it) into the backend
+(`update_weights(state, version)`) unless it already holds them; `generate` is refused for any other version
+(`VersionMismatchError`), so every generation is stamped with the weights that made it. A rollout step syncs first,
+then generates: a retried step, a resumed run or a replaced actor all start from stored weights. `GeneratorClient` is the driver's side: it creates the named actor, and replaces it after it
 died (the next `sync` restores the weights).
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ from rl_core.generation.torch_generator import TorchGenerator
 from rl_core.policies.lm_policy import build_language_model, hf_state
 from rl_core.runtime.faults import maybe_fail
 from rl_core.runtime.free_memory import release_free_memory
+from rl_core.runtime.version_state import learner_state
 from rl_core.runtime.local_ray import actor_cpus, actor_options, ensure_ray, wait_until_names_free
 
 NO_VERSION = -1
@@ -58,7 +59,8 @@ class GeneratorWorker:
             self.backend: Generator = VLLMGenerator.from_model(model, version=NO_VERSION)
         else:
             self.backend = TorchGenerator(model, version=NO_VERSION)
-        self.store = CheckpointStore(RunLayout(self.cfg.run_url).checkpoints, full_every=self.cfg.storage.full_every)
+        self.layout = RunLayout(self.cfg.run_url)
+        self.store = CheckpointStore(self.layout.checkpoints, full_every=self.cfg.storage.full_every)
         self._calls = 0  # generate calls since the last change of version (for fault drills)
         self._sha256 = ""
 
@@ -71,7 +73,7 @@ class GeneratorWorker:
         (`policy_sha256` of the version's `model.` tensors)."""
         if self.backend.version != version:
             maybe_fail("generator.sync", version=version)
-            weights = hf_state(self.store.load(version).tensors)
+            weights = hf_state(learner_state(self.store, self.layout, version))
             self.backend.update_weights(weights, version)
             self._calls = 0
             self._sha256 = policy_sha256({f"model.{k}": v for k, v in weights.items()})
