@@ -150,8 +150,8 @@ class EpisodeCalls:
     def __init__(self, counters: Sequence[int], earlier: Sequence[CallRecord] = (),
                  on_record: OnRecord | None = None) -> None:
         """`counters`: the episode's seed counters, e.g. (seed, stream, iteration, group, sample); see the module
-        docstring for the counters of each call. `earlier`: the calls an earlier attempt of this episode recorded, in order
-        (empty for a first attempt)."""
+        docstring for the counters of each call. `earlier`: the calls an earlier attempt of this episode recorded, in
+        order (empty for a first attempt)."""
         found = [record.index for record in earlier]
         if found != list(range(len(found))):
             raise ValueError(f"the earlier attempt's calls must be indices 0, 1, ... in order; found {found[:10]}; "

@@ -4,8 +4,9 @@ The actor holds one policy version at a time. `sync(version)` loads that version
 checkpoint store (or, while its commit is in flight, from what train_shard staged for it) into the backend
 (`update_weights(state, version)`) unless it already holds them; `generate` is refused for any other version
 (`VersionMismatchError`), so every generation is stamped with the weights that made it. A rollout step syncs first,
-then generates: a retried step, a resumed run or a replaced actor all start from stored weights. `GeneratorClient` is the driver's side: it creates the named actor, and replaces it after it
-died (the next `sync` restores the weights).
+then generates: a retried step, a resumed run or a replaced actor all start from stored weights. `GeneratorClient`
+is the driver's side: it creates the named actor, and replaces it after it died (the next `sync` restores the
+weights).
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ from rl_core.generation.torch_generator import TorchGenerator
 from rl_core.policies.lm_policy import build_language_model, hf_state
 from rl_core.runtime.faults import maybe_fail
 from rl_core.runtime.free_memory import release_free_memory
-from rl_core.runtime.version_state import learner_state
 from rl_core.runtime.local_ray import actor_cpus, actor_options, ensure_ray, wait_until_names_free
+from rl_core.runtime.version_state import learner_state
 
 NO_VERSION = -1
 """What a new actor holds: no committed version, so it must sync before it generates."""

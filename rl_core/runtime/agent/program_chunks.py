@@ -18,7 +18,7 @@ from rl_core.policies.lm_policy import tokenizer_of
 from rl_core.runtime.agent.program_rollout import CallLog, ProgramEndpoint, run_programs
 
 
-class AgentActors(Protocol):
+class ProgramActors(Protocol):
     """What these steps use of the run's actors (`rl_core.runtime.agent.actors.AgentActors`, which calls them)."""
 
     program: AgentProgram
@@ -34,7 +34,7 @@ def call_log(cfg: AgentRunConfig, iteration: int, chunk: int, version: int) -> C
                    iteration=iteration, chunk=chunk)
 
 
-def program_chunk(cfg: AgentRunConfig, actors: AgentActors, generate: Generate, iteration: int, version: int,
+def program_chunk(cfg: AgentRunConfig, actors: ProgramActors, generate: Generate, iteration: int, version: int,
                   chunk: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Chunk `chunk`'s prompt groups, G program runs each, sampled from `version`: (TrajectoryBatch arrays, meta)."""
     seeds = iteration_problems(cfg, actors.make_env(), iteration)
@@ -49,7 +49,7 @@ def program_chunk(cfg: AgentRunConfig, actors: AgentActors, generate: Generate, 
     return batch.to_arrays(), meta
 
 
-def evaluate_programs(cfg: AgentRunConfig, actors: AgentActors, generate: Generate, version: int) -> dict[str, Any]:
+def evaluate_programs(cfg: AgentRunConfig, actors: ProgramActors, generate: Generate, version: int) -> dict[str, Any]:
     """One program run per held-out problem, with the same counters for every version evaluated."""
     seeds = actors.make_env().problem_seeds("heldout", cfg.eval_problems)
     specs = [EpisodeSpec(i, 0, seed) for i, seed in enumerate(seeds)]

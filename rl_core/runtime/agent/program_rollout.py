@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import logging
 import queue
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
 
@@ -39,8 +39,6 @@ from rl_core.runtime.agent.episode_calls import CallRecord, EpisodeCalls, segmen
 from rl_core.runtime.agent.openai_endpoint import EndpointServer, SessionEnded, new_token, openai_app
 from rl_core.runtime.agent.openai_request import SamplingPolicy
 from rl_core.runtime.faults import maybe_fail
-
-log = logging.getLogger(__name__)
 
 MODEL_NAME = "gymflow-policy"
 BATCH_WAIT_S = 0.005
@@ -67,9 +65,13 @@ class GenerationBatcher:
         self._queue.put((requests, generate, future))
         return await asyncio.wrap_future(future)
 
+    def close(self) -> None:
+        """Stop the batching thread once the calls queued before have been answered."""
+        self._queue.put(None)
+
     def _serve(self) -> None:
-        while True:
-            waiting = [self._queue.get()]
+        while (first := self._queue.get()) is not None:
+            waiting = [first]
             deadline = time.monotonic() + BATCH_WAIT_S
             while len(waiting) < self._live and (left := deadline - time.monotonic()) > 0:
                 try:
@@ -150,6 +152,7 @@ class ProgramEndpoint:
 
     def close(self) -> None:
         self.server.stop()
+        self.sessions.batcher.close()
 
 
 class CallLog:
@@ -182,16 +185,19 @@ class CallLog:
             ordered.append(records[len(ordered)])
         return ordered
 
-    def writer(self, spec: EpisodeSpec):
-        """The episode's `on_record`: the call's JSON, written whole (a temp file, then a rename)."""
+    def writer(self, spec: EpisodeSpec, recorded: int):
+        """The episode's `on_record`: the call's JSON, written whole (a temp file, then a rename). `recorded`: how
+        many calls `recorded` gave back; a call written below that index follows a divergence, so the later records
+        (which answered another program) are removed first."""
         folder = self._episode(spec)
 
         def write(record: CallRecord) -> None:
             self.fs.makedirs(folder, exist_ok=True)
             final = f"{folder}/call-{record.index:04d}.json"
-            for stale in self.fs.glob(f"{folder}/call-*.json"):  # after a divergence: later records answered
-                if int(stale.rsplit("-", 1)[1].split(".")[0]) > record.index:  # another program
-                    self.fs.rm(stale)
+            if record.index < recorded:
+                for stale in self.fs.glob(f"{folder}/call-*.json"):
+                    if int(stale.rsplit("-", 1)[1].split(".")[0]) > record.index:
+                        self.fs.rm(stale)
             partial = f"{final}.partial"
             self.fs.pipe_file(partial, json.dumps(record.to_json()).encode())
             self.fs.mv(partial, final)
@@ -219,12 +225,13 @@ def run_programs(program: AgentProgram, specs: Sequence[EpisodeSpec], make_env, 
                  calls: CallLog | None = None) -> tuple[list[Episode], dict[str, float]]:
     """Every episode of `specs` as a run of `program`; the episodes (segments by token prefix, the program's reward)
     and the calls' metrics summed (calls, replayed and generated tokens, divergences, failed programs)."""
-    async def one(spec: EpisodeSpec) -> tuple[Episode, dict]:
+    async def one(spec: EpisodeSpec, http: _SharedHTTP) -> tuple[Episode, dict]:
         env: AgentEnv = make_env()
         prompt = env.reset(spec.problem_seed)
         session = f"{spec.group}-{spec.sample}-{secrets.token_hex(8)}"
-        recorder = EpisodeCalls((*counters, spec.group, spec.sample), calls.recorded(spec) if calls else (),
-                                calls.writer(spec) if calls else None)
+        earlier = calls.recorded(spec) if calls else []
+        recorder = EpisodeCalls((*counters, spec.group, spec.sample), earlier,
+                                calls.writer(spec, len(earlier)) if calls else None)
         endpoint.sessions.open(session, recorder, generate)
         ctx = AgentContext(Problem(spec.problem_seed, split, prompt), env, endpoint.server.base_url_for(session),
                            endpoint.token, MODEL_NAME, tuple(env.stop), tuple(getattr(env, "tools", ())), http)
@@ -252,9 +259,8 @@ def run_programs(program: AgentProgram, specs: Sequence[EpisodeSpec], make_env, 
         return episode, {**asdict(recorder.metrics), "failed_programs": failed}
 
     async def every() -> list[tuple[Episode, dict]]:
-        nonlocal http
         http = _SharedHTTP(timeout=httpx.Timeout(timeout_s), limits=httpx.Limits(max_connections=None))
-        runs = [asyncio.ensure_future(one(spec)) for spec in specs]
+        runs = [asyncio.ensure_future(one(spec, http)) for spec in specs]
         try:
             return await asyncio.gather(*runs)
         finally:  # one failed the rollout: the others stop too (their calls so far are recorded)
@@ -263,11 +269,8 @@ def run_programs(program: AgentProgram, specs: Sequence[EpisodeSpec], make_env, 
             await asyncio.gather(*runs, return_exceptions=True)
             await http.close_shared()
 
-    http: _SharedHTTP | None = None
-
     done = asyncio.run(every())
-    totals: dict[str, float] = {}
+    totals: Counter = Counter()
     for _, metrics in done:
-        for key, value in metrics.items():
-            totals[key] = totals.get(key, 0) + value
-    return [episode for episode, _ in done], totals
+        totals.update(metrics)
+    return [episode for episode, _ in done], dict(totals)

@@ -8,6 +8,7 @@ rest: with counter-seeded sampling the result is bit-identical to a rollout that
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from rl_core.algos.base import Tensors, algorithm_of
@@ -46,14 +47,14 @@ def rollout_iteration(cfg: AgentRunConfig, actors: "AgentActors", iteration: int
     rollouts.check(cfg, actors.make_env, tokenizer, context, iteration)  # before anything is generated or written
     actors.generator.sync(version)
     generate = lambda requests: actors.generator.generate(requests, version)  # noqa: E731
-    uris, chunks, resumed, calls = [], [], 0, {}
+    uris, chunks, resumed, calls = [], [], 0, Counter()
     for chunk in range(rollouts.chunks(cfg)):
         uri = layout.trajectories(iteration, chunk)
         arrays = _written(uri, iteration, version)
         if arrays is None:
             if actors.program is not None:
                 arrays, meta = program_chunk(cfg, actors, generate, iteration, version, chunk)
-                calls = _add(calls, meta["calls"])
+                calls.update(meta["calls"])
             else:
                 arrays, meta = rollouts.chunk(cfg, actors.make_env, tokenizer, generate, context, iteration, version,
                                               chunk, actors.step_threads)
@@ -66,8 +67,4 @@ def rollout_iteration(cfg: AgentRunConfig, actors: "AgentActors", iteration: int
     metrics = rollouts.metrics(chunks, tokenizer.pad_id)
     return {"trajectories": uris, **metrics, "chunks_resumed": resumed, **{f"program_{k}": v for k, v in calls.items()},
             "seconds": time.perf_counter() - started}
-
-
-def _add(totals: dict[str, float], more: dict[str, float]) -> dict[str, float]:
-    return {key: totals.get(key, 0) + more.get(key, 0) for key in {*totals, *more}}
 
