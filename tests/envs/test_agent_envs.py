@@ -8,6 +8,7 @@ from rl_core.envs.agent import (
     AgentEnv,
     Arithmetic,
     CalcTool,
+    LookupCalc,
     PendulumGains,
     agent_env_names,
     evaluate_plans,
@@ -17,9 +18,10 @@ from rl_core.envs.agent import (
     validate_agent_env_name,
 )
 from rl_core.envs.agent.calc_tool import SFT_TOOL_FRACTION
+from rl_core.envs.agent.lookup_calc import CATALOGUE
 
-BUILT_INS = ("Arithmetic-v0", "CalcTool-v0", "PendulumGains-v0")
-TEXT_ENVS = ("Arithmetic-v0", "CalcTool-v0")  # cheap to score: many seeds per test
+BUILT_INS = ("Arithmetic-v0", "CalcTool-v0", "LookupCalc-v0", "PendulumGains-v0")
+TEXT_ENVS = ("Arithmetic-v0", "CalcTool-v0", "LookupCalc-v0")  # cheap to score: many seeds per test
 
 
 def play(env: AgentEnv, seed: int, actions: list[str]) -> tuple[list[str], float, dict]:
@@ -122,6 +124,34 @@ def test_the_sft_mix_shows_the_tool_rarely() -> None:
         assert env.sft_demonstration(seed) in (env.demonstration(seed), env.direct_demonstration(seed))
 
 
+def test_lookup_calc_looks_the_price_up_multiplies_then_scores_the_answer() -> None:
+    env = LookupCalc()
+    item, quantity = env.reset(6).lstrip("$").rstrip("=").split("*")
+    price = CATALOGUE[item]
+    observations, reward, info = play(env, 6, [f"<look>{item}</look>", f"<calc>{price}*{quantity}</calc>",
+                                               f"<ans>{price * int(quantity)}</ans>"])
+    assert observations[1:3] == [f"<out>{price}</out>", f"<out>{price * int(quantity)}</out>"]
+    assert (reward, info["correct"], info["tool_calls"]) == (1.0, True, 2)
+    for bad in ("<look>7</look>", "<look>1+2</look>", "<calc>2**9</calc>"):
+        env.reset(6)
+        observation, reward, done, info = env.step(bad)
+        assert (observation, done) == ("<out>error</out>", False) and "malformed tool call" in info["error"]
+    _, reward, info = play(env, 6, ["12<look>00</look>"])  # text before a call is neither a call nor an answer
+    assert reward == 0.0 and "expected a tool call" in info["error"]
+    observations, reward, info = play(env, 6, ["<look>00</look>"] * env.max_turns)
+    assert (reward, observations[-1]) == (0.0, "") and f"within {env.max_turns} turns" in info["error"]
+
+
+def test_lookup_calc_declares_its_tools_and_the_format_its_model_writes_them_in() -> None:
+    env = LookupCalc()
+    assert [tool["function"]["name"] for tool in env.tools] == ["lookup", "calculator"]
+    content, calls = env.tool_format.parse("<look>17</look>", "c")
+    assert content is None and calls == [{"id": "c_0", "type": "function", "function": {
+        "name": "lookup", "arguments": '{"item": "17"}'}}]
+    assert env.tool_format.assistant_text(content, calls) == "<look>17</look>"
+    assert env.tool_format.result_text("374") == "<out>374</out>"
+
+
 def test_pendulum_gains_are_scored_by_the_simulation() -> None:
     env = PendulumGains()
     seeds = env.problem_seeds("train", 2) + env.problem_seeds("heldout", 2)
@@ -167,7 +197,7 @@ def test_envs_by_name_and_a_clear_error_for_an_unknown_one() -> None:
     assert set(BUILT_INS) <= set(agent_env_names())
     assert make_agent_env("CalcTool-v0") is not make_agent_env("CalcTool-v0")
     with pytest.raises(ValueError, match=r"unknown agent env 'Chess-v0'; allowed: .*Arithmetic-v0, CalcTool-v0, "
-                                         r"PendulumGains-v0.*\(env_module / --env-module\)"):
+                                         r"LookupCalc-v0, PendulumGains-v0.*\(env_module / --env-module\)"):
         validate_agent_env_name("Chess-v0")
     with pytest.raises(ValueError, match="already registered"):
         register_agent_env(CalcTool, "Arithmetic-v0")

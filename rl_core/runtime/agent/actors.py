@@ -48,7 +48,8 @@ class AgentActors:
         with self._lock:
             if self._endpoint is None:
                 self._endpoint = ProgramEndpoint(self.cfg, tokenizer_of(self.cfg),
-                                                 model_spec(self.cfg).max_position_embeddings)
+                                                 model_spec(self.cfg).max_position_embeddings,
+                                                 getattr(self.make_env(), "tool_format", None))
             return self._endpoint
 
     @property

@@ -1,10 +1,11 @@
 """How the OpenAI endpoint turns a chat request into prompt ids and sampled ids back into text, for one tokenizer.
 
-The endpoint needs four things of a model's tokenizer, held by `ChatFormat`: render a conversation (OpenAI message
-dicts and tool schemas) as the model expects its next turn, encode a stop string, decode a completion, and the eos id
-that ends a turn. `chat_format` builds them from gymflow's tokenizers the way `HFTokenizer.conversation_ids` renders
-an agent's conversation: the model's chat template with its generation prompt, or, for a tokenizer without one
-(`CharTokenizer`, a bare HF tokenizer), bos and the messages' texts one after another.
+The endpoint needs five things of a model's tokenizer, held by `ChatFormat`: render a conversation (OpenAI message
+dicts and tool schemas) as the model expects its next turn, encode a stop string, decode a completion, the eos id
+that ends a turn, and the format its tool calls are written in. `chat_format` builds them from gymflow's tokenizers
+the way `HFTokenizer.conversation_ids` renders an agent's conversation: the model's chat template with its generation
+prompt, or, for a tokenizer without one (`CharTokenizer`, a bare HF tokenizer), bos and the messages' texts one after
+another, calls and tool results written in the env's tool format (`TaggedTools`) when it has one.
 
 Two things a template may not do are done here, so that what the model sees holds what it was offered and wrote:
 - a template that never mentions `tool_calls` (SmolLM2's) would drop an assistant turn's calls, so each call is
@@ -21,7 +22,7 @@ from typing import Any
 
 from rl_core.policies.char_tokenizer import CharTokenizer
 from rl_core.policies.hf_tokenizer import HFTokenizer
-from rl_core.runtime.agent.tool_calls import format_tool_call
+from rl_core.runtime.agent.tool_calls import HermesBlocks, ToolFormat
 
 Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], list[int]]
 """(OpenAI messages, tool schemas or None) -> prompt ids ready for the assistant's turn."""
@@ -44,36 +45,48 @@ class ChatFormat:
     """Ids to text, special tokens dropped (the completion's content)."""
     eos_id: int
     """Ends an assistant turn: every completion stops at it."""
+    tools: ToolFormat
+    """How the model writes a call (parsed into `tool_calls`) and reads a result."""
 
 
-def chat_format(tokenizer: HFTokenizer | CharTokenizer) -> ChatFormat:
-    """The format of gymflow's tokenizers: the chat template where the tokenizer has one, else bos and the texts."""
+def chat_format(tokenizer: HFTokenizer | CharTokenizer, tools: ToolFormat | None = None) -> ChatFormat:
+    """The format of gymflow's tokenizers: the chat template where the tokenizer has one, else bos and the texts.
+    `tools`: the env's tool format, for a tokenizer without a template (a template's model writes `<tool_call>`
+    blocks)."""
     templated = isinstance(tokenizer, HFTokenizer) and tokenizer.chat
     template = str(tokenizer.tokenizer.chat_template) if templated else ""  # what it mentions, named templates too
+    hermes = HermesBlocks()
+    written = hermes if templated or tools is None else tools
 
-    def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def render(messages: list[dict[str, Any]], offered: list[dict[str, Any]] | None) -> list[int]:
         if not templated:
-            return [tokenizer.bos_id, *tokenizer.encode("".join(_calls_in_text(m)["content"] for m in messages))]
+            return [tokenizer.bos_id, *tokenizer.encode("".join(_text(m, written) for m in messages))]
         if "tool_calls" not in template:
-            messages = [_calls_in_text(m) for m in messages]
+            messages = [_calls_in_text(m, hermes) for m in messages]
         else:
             messages = [_arguments_as_objects(m) for m in messages]
-        if tools and "tools" not in template:
-            messages, tools = _tools_in_system(messages, tools), None
-        rendered = tokenizer.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
-                                                           tokenize=False)
+        if offered and "tools" not in template:
+            messages, offered = _tools_in_system(messages, offered), None
+        rendered = tokenizer.tokenizer.apply_chat_template(messages, tools=offered or None,
+                                                           add_generation_prompt=True, tokenize=False)
         return tokenizer.encode(rendered)
 
-    return ChatFormat(render, tokenizer.encode, tokenizer.decode, tokenizer.eos_id)
+    return ChatFormat(render, tokenizer.encode, tokenizer.decode, tokenizer.eos_id, written)
 
 
-def _calls_in_text(message: dict[str, Any]) -> dict[str, Any]:
-    """The message with its tool calls appended to its text as the blocks the model writes."""
+def _text(message: dict[str, Any], tools: ToolFormat) -> str:
+    """A message's text where no template frames it: a tool result as the model reads one, calls as it writes them."""
+    if message["role"] == "tool":
+        return tools.result_text(message["content"])
+    return _calls_in_text(message, tools)["content"]
+
+
+def _calls_in_text(message: dict[str, Any], tools: ToolFormat) -> dict[str, Any]:
+    """The message with its tool calls written into its text, as the model writes them."""
     calls = message.get("tool_calls") or []
     if not calls:
         return message
-    blocks = [format_tool_call(call["function"]["name"], call["function"]["arguments"]) for call in calls]
-    text = "\n".join(part for part in [message["content"], *blocks] if part)
+    text = tools.assistant_text(message["content"], calls)
     return {key: value for key, value in message.items() if key != "tool_calls"} | {"content": text}
 
 

@@ -23,8 +23,8 @@ GRPO trains on samples of the distribution the run chose.
   string out, as OpenAI's does; the generation handed to the backend keeps it.
 
 Rendering is the model's chat template (`chat_rendering`); when the request offers `tools` (and tool_choice is not
-"none"), calls written in the model's format are parsed into `tool_calls` (`tool_calls`), with ids derived from the
-request's digest, so a replayed request gets the same ids. `stream: true` answers with Server-Sent Events of
+"none"), calls written in the model's format (`ChatFormat.tools`) are parsed into `tool_calls`, with ids derived
+from the request's digest, so a replayed request gets the same ids. `stream: true` answers with Server-Sent Events of
 `chat.completion.chunk` objects; the whole completion is generated first, then sent in pieces.
 
 The generator is behind `ChatBackend`: it gets the session, the prompt ids, the resolved `SamplingParams`, n and a
@@ -55,7 +55,6 @@ from starlette.types import ASGIApp
 from rl_core.generation.base import Generation, SamplingParams
 from rl_core.runtime.agent.chat_rendering import ChatFormat
 from rl_core.runtime.agent.openai_request import Completion, RequestError, SamplingPolicy, parse_request
-from rl_core.runtime.agent.tool_calls import parse_tool_calls
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -203,16 +202,17 @@ def _answer(completion: Completion, generations: list[Generation], chat: ChatFor
 
 def _choice(index: int, generation: Generation, completion: Completion, chat: ChatFormat) -> dict[str, Any]:
     """One choice: the completion's text without the matched stop string (kept with vLLM's
-    `include_stop_str_in_output`), its tool calls parsed where tools were offered."""
-    ids = list(generation.completion)
+    `include_stop_str_in_output`), its tool calls parsed where tools were offered. Calls are parsed from the whole
+    text, stop string included: a call's closing tag is often the stop string that ended it."""
+    whole = list(generation.completion)
+    ids = whole
     if generation.finish_reason == "stop" and not completion.request.include_stop_str_in_output:
         matched = next((stop for stop in completion.stops if tuple(ids[len(ids) - len(stop):]) == stop), ())
         ids = ids[:len(ids) - len(matched)]
-    text = chat.decode(ids)
-    message: dict[str, Any] = {"role": "assistant", "content": text}
+    message: dict[str, Any] = {"role": "assistant", "content": chat.decode(ids)}
     finish = generation.finish_reason
     if completion.parse_tools:
-        content, calls = parse_tool_calls(text, f"call_{completion.key[:16]}_{index}")
+        content, calls = chat.tools.parse(chat.decode(whole), f"call_{completion.key[:16]}_{index}")
         if calls:
             message = {"role": "assistant", "content": content, "tool_calls": calls}
             finish = "tool_calls" if finish == "stop" else finish

@@ -38,6 +38,7 @@ from rl_core.runtime.agent.chat_rendering import chat_format
 from rl_core.runtime.agent.episode_calls import CallRecord, EpisodeCalls, segments
 from rl_core.runtime.agent.openai_endpoint import EndpointServer, SessionEnded, new_token, openai_app
 from rl_core.runtime.agent.openai_request import SamplingPolicy
+from rl_core.runtime.agent.tool_calls import ToolFormat
 from rl_core.runtime.faults import maybe_fail
 
 MODEL_NAME = "gymflow-policy"
@@ -140,11 +141,12 @@ class _Sessions:
 class ProgramEndpoint:
     """The run's endpoint in this process, started on first use: loopback only, the run's random token."""
 
-    def __init__(self, cfg: AgentRunConfig, tokenizer, context: int) -> None:
+    def __init__(self, cfg: AgentRunConfig, tokenizer, context: int, tools: ToolFormat | None = None) -> None:
+        """`tools`: the env's tool format (its `tool_format`), for a model without a chat template."""
         s = cfg.sampling
         self.token = new_token()
         self.sessions = _Sessions(GenerationBatcher())
-        app = openai_app(self.sessions, model_name=MODEL_NAME, token=self.token, chat=chat_format(tokenizer),
+        app = openai_app(self.sessions, model_name=MODEL_NAME, token=self.token, chat=chat_format(tokenizer, tools),
                          policy=SamplingPolicy(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                                max_tokens=s.max_tokens),
                          context=context)

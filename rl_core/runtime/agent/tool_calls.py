@@ -8,12 +8,18 @@ parse stays text: a model half-way through learning the format gets its words ba
 
 `format_tool_call` writes a call back in the block format, for chat templates that cannot render an assistant
 message's `tool_calls`: the conversation the model sees next then holds the call as it would have written it.
+
+A model without a chat template (gymflow's character models) has no block format: its env teaches it one of its own,
+e.g. LookupCalc's `<calc>374*56</calc>`, answered by `<out>20944</out>`. Such an env declares it as its
+`tool_format` (`rl_core.envs.agent.tagged_tools`), and the endpoint parses and renders that format instead
+(`ToolFormat`), so a program using
+OpenAI tool calling sees `tool_calls` and the model sees its own tags, with not one token changed.
 """
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Protocol
 
 BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 """One Hermes-style block; its body is a JSON object or a JSON list of them."""
@@ -86,3 +92,30 @@ def _call(item: Any) -> tuple[str, str] | None:
     if not isinstance(arguments, dict):
         return None
     return item["name"], json.dumps(arguments, ensure_ascii=False)
+
+
+class ToolFormat(Protocol):
+    """How one model writes tool calls and reads their results, as text."""
+
+    def parse(self, text: str, id_prefix: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """(the text without its calls, or None; the calls as OpenAI `tool_calls` dicts), as `parse_tool_calls`."""
+
+    def assistant_text(self, content: str | None, calls: list[dict[str, Any]]) -> str:
+        """An assistant turn with calls as the model wrote it (`content` and the calls' text)."""
+
+    def result_text(self, content: str) -> str:
+        """A tool message's content as the model reads it, where no chat template frames it."""
+
+
+class HermesBlocks:
+    """`<tool_call>` JSON blocks (SmolLM2-Instruct, Hermes, Qwen2.5): the format of templated models."""
+
+    def parse(self, text: str, id_prefix: str) -> tuple[str | None, list[dict[str, Any]]]:
+        return parse_tool_calls(text, id_prefix)
+
+    def assistant_text(self, content: str | None, calls: list[dict[str, Any]]) -> str:
+        blocks = [format_tool_call(call["function"]["name"], call["function"]["arguments"]) for call in calls]
+        return "\n".join(part for part in [content, *blocks] if part)
+
+    def result_text(self, content: str) -> str:
+        return content
