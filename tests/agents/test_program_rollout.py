@@ -4,7 +4,9 @@ runner reproduces the built-in turn loop's trajectories to the bit."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -53,6 +55,21 @@ def test_the_step_env_runner_reproduces_the_turn_loops_trajectories(run) -> None
     for name, array in expected.items():
         np.testing.assert_array_equal(found[name], array, err_msg=name)
     assert metrics["failed_programs"] == 0 and metrics["generated_tokens"] == sum(e.generated_tokens for e in direct)
+
+
+def test_a_client_of_the_programs_own_over_the_socket_gets_the_same_episodes(run) -> None:
+    """`ctx.client()` reaches the app in-process; a client built on `ctx.base_url` goes through the server's socket:
+    the same app answers, so the same trajectories to the bit."""
+    cfg, generate, endpoint = run
+
+    async def own_client(ctx: AgentContext) -> Result:
+        async with httpx.AsyncClient() as sockets:  # httpx's own transport: TCP to the server on 127.0.0.1
+            return await step_env(dataclasses.replace(ctx, http_client=sockets))
+
+    in_process, _ = _programs(cfg, step_env, endpoint, generate)
+    socket, metrics = _programs(cfg, own_client, endpoint, generate)
+    assert metrics["failed_programs"] == 0
+    assert [(e.segments, e.reward) for e in socket] == [(e.segments, e.reward) for e in in_process]
 
 
 def test_a_failing_hanging_or_silent_program_costs_only_its_own_episode(run) -> None:

@@ -21,6 +21,6 @@ for _env in (Arithmetic, CalcTool, LookupCalc, PendulumGains):
 
 __all__ = [
     "AgentEnv", "Arithmetic", "CalcTool", "LookupCalc", "PendulumGains", "PlanEvaluator", "Split", "agent_env_names",
-    "draw_problem", "evaluate_plans", "make_agent_env", "parse_plan", "problem_split", "register_agent_env", "split_seeds",
-    "uses_simulator", "validate_agent_env_name",
+    "draw_problem", "evaluate_plans", "make_agent_env", "parse_plan", "problem_split", "register_agent_env",
+    "split_seeds", "uses_simulator", "validate_agent_env_name",
 ]

@@ -55,12 +55,13 @@ class AgentContext:
     tools: tuple[dict[str, Any], ...] = ()
     """OpenAI function schemas of the tools the env offers (`env.tools`, if it has them)."""
     http_client: Any = field(default=None, repr=False)
-    """The rollout's shared `httpx.AsyncClient` (one connection pool for every episode), used by `client()`."""
+    """The rollout's shared `httpx.AsyncClient` (in-process transport to the endpoint), used by `client()`."""
 
     def client(self, **options: Any) -> Any:
-        """A stock `openai.AsyncOpenAI` aimed at this episode, on the rollout's shared HTTP client: building a client
-        of its own costs an episode a new connection pool and TLS context (tens of milliseconds, more than a call).
-        Closing it leaves the shared pool open."""
+        """A stock `openai.AsyncOpenAI` aimed at this episode, on the rollout's shared HTTP client, which hands each
+        request to the endpoint's app in this process (no socket). A client built on `base_url` works too, through
+        the socket, but with a connection pool and TLS context of its own per episode: more CPU than a call.
+        Closing it leaves the shared client open."""
         import openai
 
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, http_client=self.http_client,

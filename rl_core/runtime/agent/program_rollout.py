@@ -42,8 +42,11 @@ from rl_core.runtime.agent.tool_calls import ToolFormat
 from rl_core.runtime.faults import maybe_fail
 
 MODEL_NAME = "gymflow-policy"
-BATCH_WAIT_S = 0.005
-"""How long the batcher waits for more calls after one arrives, unless every live session already asked."""
+BATCH_WAIT_S = 0.02
+"""How long the batcher waits for more calls after one arrives, unless every live session already asked. Each call
+costs the stock client CPU on the programs' one event loop, so a rollout's calls arrive one after another: waiting for
+them fills one batch, which the generator samples faster than several small ones (docs/benchmarks.md). A session busy
+elsewhere (a tool, a simulation) delays the others by at most this."""
 
 
 class GenerationBatcher:
@@ -150,6 +153,7 @@ class ProgramEndpoint:
                          policy=SamplingPolicy(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                                max_tokens=s.max_tokens),
                          context=context)
+        self.app = app
         self.server = EndpointServer(app).start()
 
     def close(self) -> None:
@@ -213,7 +217,12 @@ class CallLog:
 
 class _SharedHTTP(httpx.AsyncClient):
     """The rollout's one HTTP client, shared by every episode's OpenAI client: an episode closing its client (as
-    `async with` or `close()` does) leaves it open; the rollout closes it when its programs are done."""
+    `async with` or `close()` does) leaves it open; the rollout closes it when its programs are done.
+
+    Its transport hands each request to the endpoint's app in this process (`httpx.ASGITransport`), on the programs'
+    own event loop: the same app, routes, token check and bytes as over the socket, without a TCP round trip and
+    without the server thread's event loop taking turns with the programs' for the GIL (docs/benchmarks.md). A client
+    a program builds itself, on `ctx.base_url`, goes through the socket as any other process's would."""
 
     async def aclose(self) -> None:
         return None
@@ -261,7 +270,8 @@ def run_programs(program: AgentProgram, specs: Sequence[EpisodeSpec], make_env, 
         return episode, {**asdict(recorder.metrics), "failed_programs": failed}
 
     async def every() -> list[tuple[Episode, dict]]:
-        http = _SharedHTTP(timeout=httpx.Timeout(timeout_s), limits=httpx.Limits(max_connections=None))
+        http = _SharedHTTP(transport=httpx.ASGITransport(endpoint.app, raise_app_exceptions=False),
+                           timeout=httpx.Timeout(timeout_s))
         runs = [asyncio.ensure_future(one(spec, http)) for spec in specs]
         try:
             return await asyncio.gather(*runs)
