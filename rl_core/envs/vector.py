@@ -4,6 +4,9 @@
     obs, info = envs.reset(seed=0)
     obs, rewards, terminations, truncations, infos = envs.step(actions)
 
+`gymnasium.make("gymflow/HalfCheetah-v5")` gives one env (`rl_core.envs.single.GymflowEnv`) in gymnasium's usual
+wrappers, its `TimeLimit` included.
+
 Auto-reset is `AutoresetMode.SAME_STEP` (in `metadata["autoreset_mode"]`): the step that ends an episode
 already returns the next episode's first observation, and the last observation of the ended one is in
 `infos["final_obs"]` (an object array, set where `infos["_final_obs"]` is True), as gymnasium's own
@@ -26,6 +29,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from rl_core.config.randomization import DynamicsRandomization
 from rl_core.envs.batched import BatchedMujocoEnv
+from rl_core.envs.single import GymflowEnv, task_spaces
 from rl_core.envs.task import Task
 
 NAMESPACE = "gymflow"
@@ -50,10 +54,7 @@ class GymflowVectorEnv(VectorEnv):
         self._nthread, self._randomization = nthread, randomization
         self.batch = BatchedMujocoEnv(task, num_envs, seed, nthread=nthread, randomization=randomization)
         self.num_envs = num_envs
-        self.single_observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (self.batch.obs_dim,), np.float64)
-        self.single_action_space = gymnasium.spaces.Box(
-            task.action_low, task.action_high, (self.batch.action_dim,), np.float32
-        )
+        self.single_observation_space, self.single_action_space = task_spaces(self.batch)
         self.observation_space = gymnasium.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gymnasium.vector.utils.batch_space(self.single_action_space, num_envs)
 
@@ -89,11 +90,13 @@ class GymflowVectorEnv(VectorEnv):
 
 
 def register_in_gymnasium(task: Task) -> str:
-    """Register `task` as `gymflow/<name>` with a vector entry point; returns the id. Idempotent per task."""
+    """Register `task` as `gymflow/<name>` with an entry point (one env, for `gymnasium.make`) and a vector entry
+    point (the batch, for `gymnasium.make_vec`); returns the id. Idempotent per task."""
     env_id = f"{NAMESPACE}/{task.name}"
     existing = gymnasium.envs.registration.registry.get(env_id)
     if existing is None:
         gymnasium.register(
-            id=env_id, vector_entry_point=partial(GymflowVectorEnv, task), max_episode_steps=task.max_episode_steps
+            id=env_id, entry_point=partial(GymflowEnv, task), vector_entry_point=partial(GymflowVectorEnv, task),
+            max_episode_steps=task.max_episode_steps,
         )
     return env_id
