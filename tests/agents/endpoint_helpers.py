@@ -16,8 +16,9 @@ from rl_core.policies.hf_tokenizer import HFTokenizer
 from rl_core.policies.llama import LlamaLM
 from rl_core.policies.llama_spec import LlamaSpec
 from rl_core.runtime.agent.chat_rendering import ChatFormat
-from rl_core.runtime.agent.openai_endpoint import EndpointServer, SessionEnded, new_token, openai_app
+from rl_core.runtime.agent.openai_endpoint import EndpointServer, SessionEnded, openai_app
 from rl_core.runtime.agent.openai_request import SamplingPolicy
+from rl_core.runtime.loopback_server import new_token
 from tests.smollm2 import smollm2_gguf
 
 MODEL = "gymflow-tiny"

@@ -16,8 +16,9 @@ import pytest
 
 from rl_core.generation.base import Generation, SamplingParams
 from rl_core.runtime.agent.chat_rendering import chat_format
-from rl_core.runtime.agent.openai_endpoint import EndpointServer, new_token, openai_app
+from rl_core.runtime.agent.openai_endpoint import EndpointServer, openai_app
 from rl_core.runtime.agent.openai_request import SamplingPolicy
+from rl_core.runtime.loopback_server import new_token
 from tests.agents.endpoint_helpers import (
     CHAR_CONTEXT,
     CHARS,

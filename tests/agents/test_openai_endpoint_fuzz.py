@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from rl_core.runtime.agent.chat_rendering import ChatFormat, chat_format
-from rl_core.runtime.agent.openai_endpoint import EndpointServer, new_token, openai_app
+from rl_core.runtime.agent.openai_endpoint import EndpointServer, openai_app
 from rl_core.runtime.agent.openai_request import SamplingPolicy
+from rl_core.runtime.loopback_server import new_token
 from tests.agents.endpoint_helpers import (
     CHAR_CONTEXT,
     CHARS,

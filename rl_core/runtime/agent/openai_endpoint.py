@@ -35,16 +35,12 @@ from __future__ import annotations
 
 import hmac
 import json
-import secrets
-import socket
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import quote
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -55,9 +51,7 @@ from starlette.types import ASGIApp
 from rl_core.generation.base import Generation, SamplingParams
 from rl_core.runtime.agent.chat_rendering import ChatFormat
 from rl_core.runtime.agent.openai_request import Completion, RequestError, SamplingPolicy, parse_request
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
+from rl_core.runtime.loopback_server import LoopbackServer
 
 MAX_BODY_BYTES = 8 << 20
 """A larger request body is refused (413) before it is parsed."""
@@ -81,11 +75,6 @@ class ChatBackend(Protocol):
         """n generations of `prompt_ids`; raise SessionEnded when the episode is over, ValueError for a request the
         generator refuses."""
         ...
-
-
-def new_token() -> str:
-    """A random per-run api_key."""
-    return secrets.token_urlsafe(32)
 
 
 def openai_app(backend: ChatBackend, *, model_name: str, token: str, policy: SamplingPolicy, chat: ChatFormat,
@@ -135,48 +124,15 @@ def openai_app(backend: ChatBackend, *, model_name: str, token: str, policy: Sam
     return Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]  # handler types
 
 
-class EndpointServer:
-    """Serves an ASGI app with uvicorn on a background thread, on 127.0.0.1 and a free port unless told otherwise;
-    a context manager that stops it on exit."""
+class EndpointServer(LoopbackServer):
+    """The endpoint's server: on 127.0.0.1 and a free port unless told otherwise, with each episode's URL."""
 
     def __init__(self, app: ASGIApp, *, host: str = "127.0.0.1", port: int = 0, start_timeout: float = 10.0) -> None:
-        self.app, self.host, self.start_timeout = app, host, start_timeout
-        self._socket = socket.create_server((host, port))
-        self.port: int = self._socket.getsockname()[1]
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                                     timeout_graceful_shutdown=5))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
-                                        name=f"openai-endpoint-{self.port}", daemon=True)
-
-    def start(self) -> EndpointServer:
-        """Start serving; returns once uvicorn accepts connections."""
-        self._thread.start()
-        deadline = time.monotonic() + self.start_timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the OpenAI endpoint on {self.host}:{self.port} did not start within "
-                                   f"{self.start_timeout} s; see uvicorn's log above")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        """Stop serving and wait for the thread (in-flight requests get uvicorn's graceful shutdown)."""
-        self._server.should_exit = True
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
-        self._socket.close()
+        super().__init__(app, name="OpenAI endpoint", host=host, port=port, start_timeout=start_timeout)
 
     def base_url_for(self, session: str) -> str:
         """The `base_url` an episode's OpenAI client takes."""
         return f"http://{self.host}:{self.port}/s/{quote(session, safe='')}/v1"
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 async def _body(request: Request, limit: int) -> bytes:

@@ -36,10 +36,11 @@ from rl_core.envs.agent.programs import AgentContext, AgentProgram, Problem, Res
 from rl_core.generation import Generation, GenerationRequest
 from rl_core.runtime.agent.chat_rendering import chat_format
 from rl_core.runtime.agent.episode_calls import CallRecord, EpisodeCalls, segments
-from rl_core.runtime.agent.openai_endpoint import EndpointServer, SessionEnded, new_token, openai_app
+from rl_core.runtime.agent.openai_endpoint import EndpointServer, SessionEnded, openai_app
 from rl_core.runtime.agent.openai_request import SamplingPolicy
 from rl_core.runtime.agent.tool_calls import ToolFormat
 from rl_core.runtime.faults import maybe_fail
+from rl_core.runtime.loopback_server import new_token
 
 MODEL_NAME = "gymflow-policy"
 BATCH_WAIT_S = 0.02
