@@ -58,8 +58,9 @@ class AgentEnvConfig(BaseModel):
     module: Optional[str] = Field(None, description="Python module imported first to register your own agent envs.",
                                   json_schema_extra=option("env_module"))
     name: str = Field("CalcTool-v0", description="Registered agent env (Arithmetic-v0, CalcTool-v0, LookupCalc-v0, "
-                      "PendulumGains-v0, or your own), or rg:<dataset>[?key=value&...] for a reasoning-gym dataset "
-                      "(the tasks extra).", json_schema_extra=option("env"))
+                      "PendulumGains-v0, or your own), rg:<dataset>[?key=value&...] for a reasoning-gym dataset "
+                      "(the tasks extra), or openenv:<url>[?task=...] for an OpenEnv server's text env.",
+                      json_schema_extra=option("env"))
     num_workers: int = Field(1, ge=1, description="Ray env workers that score plans of simulator-backed envs.")
 
 

@@ -7,6 +7,7 @@ from rl_core.algos.grpo.phases import check_demonstrations_fit, check_prompts_fi
 from rl_core.config.agent import AgentRunConfig
 from rl_core.config.common import FieldProblem
 from rl_core.envs.agent import AgentEnv, make_agent_env
+from rl_core.envs.agent.openenv_task import is_openenv_name
 from rl_core.envs.agent.programs import load_agent_program
 from rl_core.policies.hf_model import Tokenizer, inspect_causal_lm
 from rl_core.policies.lm_policy import model_spec, tokenizer_of
@@ -22,6 +23,8 @@ def check_agent_run(cfg: AgentRunConfig) -> None:
             raise FieldProblem("model.path", str(err).removeprefix("load_pretrained: "), cfg.model.path) from None
     if cfg.model.lora_rank is not None:
         _check_lora(cfg)
+    if is_openenv_name(cfg.env.name):
+        _check_openenv(cfg)
     if cfg.agent is not None:
         try:
             load_agent_program(cfg.agent)
@@ -37,6 +40,17 @@ def check_agent_run(cfg: AgentRunConfig) -> None:
         raise
     except ValueError as err:
         raise FieldProblem("", str(err)) from None
+
+
+def _check_openenv(cfg: AgentRunConfig) -> None:
+    """A remote env gives no demonstrations to warm-start on, and no alphabet unless it is one of gymflow's tasks."""
+    if cfg.sft.steps:
+        raise FieldProblem("sft.steps", f"{cfg.env.name} is an OpenEnv server, which offers no demonstrations to "
+                           "warm-start on; run with --sft-steps 0", cfg.sft.steps)
+    if cfg.model.path is None and not make_agent_env(cfg.env.name).alphabet:
+        raise FieldProblem("env.name", "a model built here writes its env's alphabet, and this OpenEnv server's is "
+                           "unknown (its task is not one of gymflow's agent envs); pass --model-path (a model with "
+                           "its own tokenizer) or ?task=<a gymflow agent env>", cfg.env.name)
 
 
 def _check_lora(cfg: AgentRunConfig) -> None:
@@ -62,7 +76,8 @@ def _check_prompts_fit(cfg: AgentRunConfig) -> None:
     if missing:
         raise ValueError(f"model.path: the model's tokenizer cannot write {missing} of {cfg.env.name}'s "
                          "alphabet; train a model on that alphabet or pick an env it covers")
-    _check_answers_writable(cfg, env, tokenizer)
+    if not is_openenv_name(cfg.env.name):  # a remote env has no demonstrations to check
+        _check_answers_writable(cfg, env, tokenizer)
     context = model_spec(cfg).max_position_embeddings
     make = lambda: make_agent_env(cfg.env.name)
     count = cfg.algorithm.prompts_per_iteration

@@ -139,7 +139,11 @@ def hot_ops(cfg: AgentRunConfig, spaces: Spaces | None, num_ranks: int, trainer_
     rows = grpo.prompts_per_iteration * grpo.group_size // grpo.minibatches // num_ranks
     env = make_agent_env(cfg.env.name)
     seed = env.problem_seeds("train", 1)[0]
-    steps = len(demonstration_segment(env, tokenizer_of(cfg), seed, env.demonstration(seed)).tokens) - 1
+    tokenizer = tokenizer_of(cfg)
+    try:
+        steps = len(demonstration_segment(env, tokenizer, seed, env.demonstration(seed)).tokens) - 1
+    except ValueError:  # an env without demonstrations (an OpenEnv server): its prompt and one whole turn
+        steps = len(tokenizer.conversation_ids([("user", env.reset(seed))])) + cfg.sampling.max_tokens - 1
     return {"grpo_loss": ({"B": rows, "T": steps}, trainer_threads)}
 
 

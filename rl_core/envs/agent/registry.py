@@ -3,7 +3,8 @@
 Like the MuJoCo tasks (`rl_core.envs.registry`): the built-ins register on import of `rl_core.envs.agent`, and an
 env of your own registers when its module is imported (`rl_core.envs.import_env_module`, i.e. env_module /
 --env-module). A registry entry is a factory, because every concurrent episode needs its own env object. Names
-`rg:<dataset>` need no entry: they select a reasoning-gym dataset (`rl_core.envs.agent.reasoning_gym_task`).
+`rg:<dataset>` need no entry: they select a reasoning-gym dataset (`rl_core.envs.agent.reasoning_gym_task`); nor do
+names `openenv:<url>`, a remote OpenEnv text environment (`rl_core.envs.agent.openenv_task`).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import functools
 from collections.abc import Callable
 
 from rl_core.envs.agent.contract import AgentEnv
+from rl_core.envs.agent.openenv_task import OPENENV_PREFIX, OpenEnvTask, is_openenv_name, parse_openenv_name
 from rl_core.envs.agent.reasoning_gym_task import RG_PREFIX, ReasoningGymTask, check_rg_name, is_rg_name
 
 AgentEnvFactory = Callable[[], AgentEnv]
@@ -19,9 +21,9 @@ _FACTORIES: dict[str, AgentEnvFactory] = {}
 
 def register_agent_env(factory: AgentEnvFactory, name: str) -> None:
     """Make `factory` (an env class or a function returning an env) selectable by `name`; never replaces one."""
-    if is_rg_name(name):
-        raise ValueError(f"agent env names starting with {RG_PREFIX!r} select reasoning-gym datasets; pick another "
-                         f"name than {name!r}")
+    if is_rg_name(name) or is_openenv_name(name):
+        raise ValueError(f"agent env names starting with {RG_PREFIX!r} or {OPENENV_PREFIX!r} select reasoning-gym "
+                         f"datasets and OpenEnv servers; pick another name than {name!r}")
     if name in _FACTORIES and _FACTORIES[name] is not factory:
         raise ValueError(f"agent env {name!r} is already registered (by {_FACTORIES[name]!r}); pick another name")
     _FACTORIES[name] = factory
@@ -37,15 +39,20 @@ def validate_agent_env_name(name: str) -> None:
     (an ImportError for `rg:` names without reasoning-gym)."""
     if is_rg_name(name):
         check_rg_name(name)
+    elif is_openenv_name(name):
+        parse_openenv_name(name)
     elif name not in _FACTORIES:
         raise ValueError(f"unknown agent env {name!r}; allowed: {', '.join(agent_env_names())}, or "
-                         f"{RG_PREFIX}<dataset> for a reasoning-gym dataset; an env of your own needs its module "
+                         f"{RG_PREFIX}<dataset> for a reasoning-gym dataset, {OPENENV_PREFIX}<url> for an OpenEnv "
+                         "server; an env of your own needs its module "
                          "imported first (env_module / --env-module)")
 
 
 def _factory(name: str) -> AgentEnvFactory:
     """What makes an env object of `name`."""
     validate_agent_env_name(name)
+    if is_openenv_name(name):
+        return functools.partial(OpenEnvTask, name)
     return functools.partial(ReasoningGymTask, name) if is_rg_name(name) else _FACTORIES[name]
 
 
