@@ -5,8 +5,10 @@
     gymflow evaluate RUN [--video]    evaluate a stored version of a run; render it to MP4 or GIF
     gymflow runs [--store URL]        the runs under a store: newest version, iterations, last score, size
     gymflow export RUN --hf DIR | --safetensors FILE   a stored version as a model that loads without gymflow
+    gymflow fork RUN[@VERSION] NEW [--set field=value ...]   a new run from a committed version of another (no copy)
     gymflow ckpt ls|show|verify|gc|export ...   inspect and maintain a run's checkpoint store
     gymflow ui [--stop]               a local Prefect server, the gymflow work pool, deployments and a worker
+    gymflow serve-envs --task NAME    serve tasks to OpenEnv clients (HTTP and WebSocket, on 127.0.0.1)
 
 `train` and `train-agent` run on embedded defaults (a temporary local Prefect API, a local Ray on 127.0.0.1, a
 file:// store under ./runs) with a progress bar, print a summary and end with one JSON line. Their options are the
@@ -28,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from flows.tooling.fork import add_fork_parser, fork_command
 from rl_core.config.launch_options import LaunchOption, agent_launch_options, launch_options
 
 SUMMARY_KEYS = ("final_return", "random_return", "env_steps", "wall_s", "loop_s", "first_iteration_s", "command_s",
@@ -139,6 +142,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _evaluate_parser(sub)
     _runs_parser(sub)
     _export_parser(sub)
+    add_fork_parser(sub, DEFAULT_STORE, EXIT_CODES)
     _ckpt_parser(sub)
     _ui_parser(sub)
     _serve_envs_parser(sub)
@@ -169,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     from rl_core.data.run_lease import RunBusy
 
     commands = {"train": _train, "train-agent": _train_agent, "evaluate": _evaluate, "runs": _runs,
-                "export": _export}
+                "export": _export, "fork": fork_command}
     try:
         result = commands[args.command](args)
     except ConfigError as err:

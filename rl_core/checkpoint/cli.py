@@ -34,14 +34,22 @@ def _ls(store: CheckpointStore, args: argparse.Namespace, out: TextIO) -> int:
         print(f"{store.url}: no committed versions", file=out)
         return 0
     print(f"{'version':>7} {'base':>5} {'raw MB':>10} {'added MB':>10} {'objs MB':>10}  codecs (per chunk)", file=out)
+    borrowed = {}
     for v in versions:
         r = store.size_report(v)
         base = "full" if r["base"] is None else str(r["base"])
+        if r["borrowed"] is not None:
+            base, borrowed[v] = "fork", r["borrowed"]
         print(
             f"{v:>7} {base:>5} {_mb(r['raw_bytes']):>10} {_mb(r['encoded_bytes']):>10} {_mb(r['stored_bytes']):>10}  "
             f"{_codecs(r['codec_counts'])}",
             file=out,
         )
+    for v, where in borrowed.items():
+        print(f"version {v} is borrowed (a fork's first version): its objects are in {where}, relative to this store",
+              file=out)
+    for pin in store.pins().values():
+        print(f"version {pin['version']} is pinned by the fork {pin['fork']}: gc keeps it and its objects", file=out)
     return 0
 
 
@@ -62,14 +70,27 @@ def _show(store: CheckpointStore, args: argparse.Namespace, out: TextIO) -> int:
         enc = sum(c["encoded_bytes"] for c in e["chunks"] if c["codec"] != "same")
         print(f"    {name}: {dtype} {tuple(e['shape'])} raw {e['nbytes']} B, encoded {enc} B, "
               f"{_codecs(counts)}", file=out)
+    _fork(m, out)
     _lineage(m["meta"], out)
     print(f"  meta: {json.dumps(m['meta'], sort_keys=True)[:2000]}", file=out)
     return 0
 
 
+def _fork(manifest: dict, out: TextIO) -> None:
+    """Where a fork's borrowed version came from (its meta's ``forked_from``) and where its objects are."""
+    source = manifest["meta"].get("forked_from")
+    if isinstance(source, dict):
+        run = f"run {source['run']} " if "run" in source else ""
+        print(f"  forked from {run}version {source.get('version')} (manifest sha256 {source.get('manifest_sha256')})",
+              file=out)
+    if manifest.get("borrowed"):
+        print(f"  borrowed: its objects are in {manifest['borrowed']['store']} (relative to this store), kept there "
+              f"by pin {manifest['borrowed']['pin']}; base and depth above are that store's", file=out)
+
+
 def _lineage(meta: dict, out: TextIO) -> None:
     """The data a version's update consumed, where its meta names it (an agent run's trajectories, each written by
-    the policy versions listed), as paths under the run's folder."""
+    the policy versions listed), as paths under the run's folder (a borrowed version's: under its parent run's)."""
     consumed = meta.get("trajectories")
     if consumed is None:
         return

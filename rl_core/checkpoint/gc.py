@@ -13,6 +13,19 @@ commit fails; if after, the claim already existed for listing (d). The remaining
 *orphaned* object between gc's re-read of its mtime and the delete (milliseconds, and only for objects no committed
 version references); a claim left by a crashed writer is deleted once older than ``grace_s`` (a sole writer, see
 writer.py, withdraws it at its next commit).
+
+Forks (fork.py, pins.py). (b) also keeps every version a fork pins, and (d) reads the pins *after* the manifests and
+keeps every object a pin lists. A fork borrowing version v creates its pin, then checks that v's protector still
+exists (v's commit marker; or, when v is itself a borrowed version of another fork, that fork's pin), and only then
+commits its copy of v's manifest; when the check fails it removes its pin and commits nothing. Why no object a fork
+commits is deleted: if the check came after gc removed v's marker, the fork fails. Otherwise the pin existed before
+the check, the check came before the marker's removal and that before the manifest's: a gc whose (d) read v's
+manifest keeps v's objects through it, and a gc that read the manifests after the removal reads the pins later
+still, so finds the pin. With a pin as the protector the argument is the same with its removal in place of the
+marker's; and since a pin created before another's removal could be missing from a listing taken before that
+removal, pins are listed again whenever one vanishes between the listing and its read (pins.py). A fork's own gc
+removes the pin of a borrowed version after deleting that version's marker and manifest: the fork's writer never
+builds on a borrowed version's objects (writer.py), so nothing of the fork reads them afterwards.
 """
 from __future__ import annotations
 
@@ -22,8 +35,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import ManifestCorruptError, RestoreError
-from .manifest import Manifest
+from .manifest import Borrowed, Manifest
 from .objects import StoreObjects, mtime
+from .pins import claimed_by_fork, read_pins, release_pin
 from .restore import VersionReader
 
 logger = logging.getLogger("rl_core.checkpoint")
@@ -47,17 +61,22 @@ def collect_garbage(
     chunks = objects.list_chunks()  # (a) before anything else: later uploads are not candidates
     committed, claimed = objects.scan()
     ordered = sorted(committed)
-    keep = set(ordered[-keep_last:])
+    pinned = {p.version for p in read_pins(objects, url, claim_grace_s).values()} & committed
+    keep = set(ordered[-keep_last:]) | pinned
     if keep_every:
         keep |= {v for v in ordered if v % keep_every == 0}
     needed = set(keep)
     for v in sorted(keep):  # (b) a kept version's base (and late-tensor versions) stay
         try:
-            needed |= reader.manifest(v, v).ref_versions() & committed
+            manifest = reader.manifest(v, v)
         except RestoreError as exc:
             logger.warning("gc: %s; keeping it, and keeping everything it may reference", exc)
             needed |= {u for u in committed if u < v}
+            continue
+        if manifest.borrowed is None:  # a borrowed version's references are numbers of the store it borrows from
+            needed |= manifest.ref_versions() & committed
     doomed = sorted(set(ordered) - needed)
+    borrowed = _borrowed(reader, doomed)
     now = time.time()
     stale_claims = []
     for v in sorted(claimed - committed):
@@ -70,9 +89,14 @@ def collect_garbage(
             objects.remove(objects.marker_path(v))
             objects.discard(objects.manifest_path(v))
             forget_version(v)
+        for b in borrowed:  # nothing of this fork reads them any more: the store they came from may collect them
+            release_pin(objects, b)
         for v in stale_claims:
             objects.discard(objects.manifest_path(v))
     referenced = _referenced_objects(objects, url, exclude=set(doomed) if dry_run else set())  # (d)
+    pins = read_pins(objects, url, claim_grace_s)  # after the manifests: see the module docstring
+    for pin in pins.values():
+        referenced.update(pin.objects)
     deleted, freed, young = [], 0, 0
     for sha, (path, info) in sorted(chunks.items()):
         if sha in referenced:
@@ -96,8 +120,26 @@ def collect_garbage(
         "deleted_chunks": len(deleted),
         "freed_bytes": freed,
         "young_unreferenced_chunks": young,
+        "pinned_versions": sorted(pinned),
+        "released_pins": [b.pin for b in borrowed] if not dry_run else [],
+        "unclaimed_pins": sorted(i for i, p in pins.items() if not claimed_by_fork(objects, i, p)),
         "dry_run": dry_run,
     }
+
+
+def _borrowed(reader: VersionReader, doomed: list[int]) -> list[Borrowed]:
+    """Where the doomed versions that a fork borrowed keep their objects. A fork's borrowed versions are its oldest
+    (it is made in an empty store), so reading stops at the first doomed version that is not one."""
+    found = []
+    for v in doomed:
+        try:
+            manifest = reader.manifest(v, v)
+        except RestoreError:  # unreadable: if it was borrowed its pin stays, which only keeps objects
+            break
+        if manifest.borrowed is None:
+            break
+        found.append(manifest.borrowed)
+    return found
 
 
 def _referenced_objects(objects: StoreObjects, url: str, exclude: set[int]) -> set[str]:

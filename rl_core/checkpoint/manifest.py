@@ -1,5 +1,5 @@
-"""The JSON manifest of one checkpoint version (schema 3, or 4 with chained chunks or embedded objects; schema 2
-still reads), and how it is (de)serialized.
+"""The JSON manifest of one checkpoint version (schema 3, or 4 with chained chunks or embedded objects, 5 for a
+fork's borrowed version; schema 2 still reads), and how it is (de)serialized.
 
 A manifest is the whole description of a version: which tensors it holds, how each chunk of each tensor's
 bytes was encoded and which content-addressed object holds it, plus free-form JSON metadata. Tensor payloads
@@ -42,6 +42,14 @@ because every byte of every version is hashed); ``chunk`` is the sha256 of the s
 every read (it names the object, so it must resist collisions). ``uploaded`` says whether the commit that wrote this
 manifest uploaded the object (False: an identical object was already referenced by a version the writer knew), which
 is what :meth:`Manifest.encoded_bytes` counts as "added by this version".
+
+A *borrowed* version (schema 5) is the first version of a fork (fork.py): a copy of another store's committed
+manifest whose objects stay where they are. ``borrowed.store`` is the path from this store's root to the store that
+holds them (relative, so a store moved as a whole keeps its forks readable), and ``borrowed.pin`` names the pin in
+that store that keeps its gc from deleting them (gc.py). Its number, base, references and chains are the other
+store's, unchanged: a version keeps its number across a fork (version v is the state after v iterations), and
+every number it references is older than v, so none names a version of this store. Its chunks record
+``uploaded: false``: the fork added no object. Schema 5 is written only for borrowed versions.
 """
 
 from __future__ import annotations
@@ -58,12 +66,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints,
 from .codec import available_codecs, get_codec
 
 __all__ = [
-    "EXTENDED_SCHEMA_VERSION", "SCHEMA_VERSION", "ChainLink", "ChunkEntry", "Manifest", "TensorEntry", "schema_for",
-    "utc_now_iso",
+    "BORROWED_SCHEMA_VERSION", "EXTENDED_SCHEMA_VERSION", "SCHEMA_VERSION", "Borrowed", "ChainLink", "ChunkEntry",
+    "Manifest", "TensorEntry", "schema_for", "utc_now_iso",
 ]
 
 SCHEMA_VERSION = 3
 EXTENDED_SCHEMA_VERSION = 4
+BORROWED_SCHEMA_VERSION = 5
 MARKER_DIGEST_KEY = "manifest_sha256"
 
 
@@ -232,6 +241,15 @@ def schema_for(tensors: dict[str, TensorEntry], embedded: dict[str, str]) -> int
     return EXTENDED_SCHEMA_VERSION if embedded or _chained(tensors) else SCHEMA_VERSION
 
 
+class Borrowed(BaseModel):
+    """Where a borrowed version's objects are (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    store: str = Field(min_length=1, description="path from this store's root to the store holding the objects")
+    pin: str = Field(pattern=r"^[0-9a-f]{32}$", description="the pin in that store that keeps them")
+
+
 class Manifest(BaseModel):
     """One version: its lineage, its tensors and its metadata.
 
@@ -242,7 +260,7 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[2, 3, 4] = SCHEMA_VERSION
+    schema_version: Literal[2, 3, 4, 5] = SCHEMA_VERSION
     version: int = Field(ge=0)
     parent: int | None = Field(default=None, ge=0)
     base: int | None = Field(default=None, ge=0)
@@ -253,6 +271,8 @@ class Manifest(BaseModel):
     meta: dict[str, Any] = Field(default_factory=dict)
     embedded: dict[Annotated[str, StringConstraints(pattern=_SHA256_HEX)], str] = Field(
         default_factory=dict, description="schema 4: small objects' bytes, base64, by sha256")
+    borrowed: Borrowed | None = Field(default=None, description="schema 5: a fork's version whose objects another "
+                                      "store holds")
 
     @field_validator("created")
     @classmethod
@@ -279,6 +299,8 @@ class Manifest(BaseModel):
                     raise ValueError(f"tensor {name!r}: a full base stores every chunk 'full', not {c.codec!r}")
         if self.embedded and self.schema_version < EXTENDED_SCHEMA_VERSION:
             raise ValueError(f"embedded objects need schema {EXTENDED_SCHEMA_VERSION}")
+        if (self.borrowed is not None) != (self.schema_version == BORROWED_SCHEMA_VERSION):
+            raise ValueError(f"schema {BORROWED_SCHEMA_VERSION} is exactly the schema of a borrowed version")
         return self
 
     def to_json_bytes(self) -> bytes:
@@ -293,6 +315,8 @@ class Manifest(BaseModel):
                     del chunk["via"]  # a schema-3 chunk, byte for byte
         if not data["embedded"]:
             del data["embedded"]
+        if data["borrowed"] is None:
+            del data["borrowed"]  # a schema 3 or 4 manifest, byte for byte
         return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod

@@ -15,10 +15,12 @@ exclusive for empty objects, so it is never used here.
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import errno
 import logging
 import os
+import posixpath
 import re
 import threading
 import uuid
@@ -142,6 +144,22 @@ class StoreObjects:
     def marker_path(self, version: int) -> str:
         return f"{self._root}/versions/{version:08d}.commit"
 
+    def pin_path(self, pin: str) -> str:
+        """A fork's pin on this store's objects (gc.py, fork.py)."""
+        return f"{self._root}/pins/{pin}.json"
+
+    def at(self, relative: str) -> StoreObjects:
+        """The store at ``relative`` (a path from this store's root) on the same filesystem: where a fork's borrowed
+        version finds its objects, and where a pin finds its fork."""
+        other = copy.copy(self)
+        other._root = posixpath.normpath(posixpath.join(self._root, relative))
+        other._made_dirs = set()
+        return other
+
+    def relative_to(self, other: StoreObjects) -> str:
+        """The path from ``other``'s root to this store's root (what :meth:`at` takes)."""
+        return posixpath.relpath(self._root, other._root)
+
     def set_aside_markers(self) -> list[str]:
         """The commit markers of every version ever set aside (oldest name first)."""
         directory = f"{self._root}/set-aside"
@@ -185,6 +203,16 @@ class StoreObjects:
         except FileNotFoundError:
             return {}
         return {path.rstrip("/").rsplit("/", 1)[-1]: (path, info) for path, info in found.items()}
+
+    def list_pins(self) -> list[str]:
+        """The names of the pins forks hold on this store's objects, from a fresh listing of pins/."""
+        directory = f"{self._root}/pins"
+        self.fs.invalidate_cache(directory)
+        try:
+            names = self.fs.ls(directory, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(n.rstrip("/").rsplit("/", 1)[-1].removesuffix(".json") for n in names if n.endswith(".json"))
 
     # ----------------------------------------------------------------------------------------- reading
 

@@ -1,5 +1,6 @@
 """Reading committed versions back: manifests (cached: a committed manifest never changes) and every tensor's
-bytes, each object checked against its sha256 on read and each decoded chunk against the manifest's hash."""
+bytes, each object checked against its sha256 on read and each decoded chunk against the manifest's hash. A fork's
+borrowed version (manifest.py) reads its objects from the store that holds them."""
 from __future__ import annotations
 
 import base64
@@ -73,7 +74,8 @@ class VersionReader:
         try:
             manifest = Manifest.from_json_bytes(data)
         except ValueError as exc:
-            raise corrupt(f"manifest {path} is not a valid schema 2, 3 or 4 manifest ({str(exc)[:300]})") from None
+            raise corrupt(f"manifest {path} is not a valid schema 2, 3 or 4 manifest (or a fork's schema 5) "
+                          f"({str(exc)[:300]})") from None
         if manifest.version != version:
             raise corrupt(f"manifest {path} says it is version {manifest.version}")
         self._cache(manifest)
@@ -84,6 +86,14 @@ class VersionReader:
         self._manifests.move_to_end(manifest.version)
         while len(self._manifests) > MANIFESTS_CACHED:
             self._manifests.popitem(last=False)
+
+    def digest(self, version: int) -> str:
+        """The sha256 of a committed version's manifest, as its commit marker records it (computed from the manifest
+        for a marker written before markers held it): what a fork's lineage names."""
+        marker = self._objects.read(self._objects.marker_path(version))
+        if marker:
+            return json.loads(marker)[MARKER_DIGEST_KEY]
+        return sha256_hex(self._objects.read(self._objects.manifest_path(version)))
 
     def _check_against_marker(self, version: int, path: str, data: bytes,
                               corrupt: Callable[[str], ManifestCorruptError]) -> None:
@@ -109,9 +119,10 @@ class VersionReader:
         """Verified raw bytes (read-only flat uint8) of every tensor of ``version``, chunks decoded on the
         worker threads; the first failing chunk in manifest order is raised."""
         manifest = self.manifest(version, version)
+        home = self._objects if manifest.borrowed is None else self._objects.at(manifest.borrowed.store)
         raws = {name: np.empty(e.nbytes, dtype=np.uint8) for name, e in manifest.tensors.items()}
         jobs = [
-            (version, name, e, c, raws[name][c.offset : c.offset + c.nbytes], manifest.embedded)
+            (version, name, e, c, raws[name][c.offset : c.offset + c.nbytes], manifest.embedded, home)
             for name, e in manifest.tensors.items()
             for c in e.chunks
         ]
@@ -148,14 +159,15 @@ class VersionReader:
         return None
 
     def _restore_chunk(self, requested: int, name: str, entry: TensorEntry, c: ChunkEntry, out: np.ndarray,
-                       embedded: dict[str, str]) -> None:
+                       embedded: dict[str, str], home: StoreObjects) -> None:
         """Decode one chunk into ``out``: object hash(es) checked on read, decoded bytes against raw_xxh3.
-        ``embedded``: the version's embedded objects (see manifest.py), read instead of storage."""
+        ``embedded``: the version's embedded objects (see manifest.py), read instead of storage; ``home``: the store
+        holding its stored objects (this one, or for a borrowed version the one it borrows from)."""
         codec = get_codec(c.codec)
         own_version = requested if codec.encode is not None else c.ref_version  # "same" names the ref's object
 
         def read(version: int | None, chunk: str) -> bytes:
-            return self._read_chunk(requested, name, version, chunk, embedded)
+            return self._read_chunk(requested, name, version, chunk, embedded, home)
 
         payload = read(own_version, c.chunk)
 
@@ -184,7 +196,7 @@ class VersionReader:
             raise corrupt(f"decoded bytes at offset {c.offset} do not match the manifest's hash of them")
 
     def _read_chunk(self, requested: int, name: str, version: int | None, chunk: str,
-                    embedded: dict[str, str]) -> bytes:
+                    embedded: dict[str, str], home: StoreObjects) -> bytes:
         fields: dict[str, Any] = dict(
             url=self._url, version=requested, tensor=name, chunk=chunk, source_version=version
         )
@@ -195,10 +207,10 @@ class VersionReader:
             except binascii.Error as exc:
                 raise ChunkCorruptError(detail=f"{where} is not base64 ({exc})", **fields) from None
         else:
-            path = self._objects.chunk_path(chunk)
+            path = home.chunk_path(chunk)
             where = f"object {path}"
             try:
-                data = self._objects.read(path)
+                data = home.read(path)
             except FileNotFoundError:
                 raise ChunkMissingError(detail=f"{where} does not exist", **fields) from None
         actual = sha256_hex(data)

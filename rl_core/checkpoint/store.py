@@ -27,6 +27,9 @@ Commit protocol: five steps, each there for a reason given in ``writer.py``, the
 
 Garbage collection (:meth:`CheckpointStore.gc`) is safe while a writer is active: ``gc.py`` says how.
 
+Forks (:meth:`CheckpointStore.fork`): a new store whose first versions borrow this one's objects without copying them
+(``fork.py``); the fork pins them here (``pins/<id>.json``, ``pins.py``) and gc keeps what pins list.
+
 How each backend publishes whole objects and creates exclusively: ``objects.py``. Reading back: ``restore.py``.
 """
 
@@ -36,7 +39,7 @@ import copy
 import json
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -57,10 +60,12 @@ from .errors import (
     VersionNotFoundError,
     _fmt_versions,
 )
+from .fork import fork_versions
 from .gc import collect_garbage
 from .jobs import run_jobs
 from .manifest import Manifest
 from .objects import StoreObjects, redact
+from .pins import read_pins
 from .restore import VersionReader
 from .writer import VersionWriter
 
@@ -158,6 +163,7 @@ class CheckpointStore:
         self._chunk_bytes = chunk_bytes
         self._rebase_ratio = float(rebase_ratio)
         self._workers = max(1, workers if workers is not None else min(4, os.cpu_count() or 1))
+        self._storage_options = storage_options
         self._objects = StoreObjects(url, storage_options)
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
@@ -236,7 +242,8 @@ class CheckpointStore:
         """``encoded_bytes``: bytes this version's commit added to storage ("same" chunks and objects already
         referenced add none); ``stored_bytes``: bytes of the objects its chunks name (a "same" chunk names the
         base's object; the base objects that "diff"/"xor"/"rows" chunks decode against are not counted);
-        ``raw_bytes``; ``codec_counts`` per chunk; ``base`` (None: a full base) and ``depth``."""
+        ``raw_bytes``; ``codec_counts`` per chunk; ``base`` (None: a full base) and ``depth``; ``borrowed``: for a
+        fork's borrowed version, the path to the store holding its objects (its base and depth are that store's)."""
         m = self._committed_manifest(version)
         return {
             "raw_bytes": m.raw_bytes(),
@@ -246,6 +253,7 @@ class CheckpointStore:
             "chunks": sum(len(e.chunks) for e in m.tensors.values()),
             "base": m.base,
             "depth": m.depth,
+            "borrowed": None if m.borrowed is None else m.borrowed.store,
         }
 
     def verify(self, version: int | None = None) -> dict[str, Any]:
@@ -304,11 +312,13 @@ class CheckpointStore:
         """Delete versions outside the retention policy, then objects no remaining manifest references.
 
         Kept: the newest ``keep_last`` (>= 1) committed versions, every version divisible by ``keep_every``,
-        and every version a kept one references (its base). Objects are deleted only when unreferenced by every
-        manifest, committed or in flight, and older than ``grace_s``; safe while a writer commits (the module
-        docstring gives the argument). A claim (manifest without marker) is deleted only when older than
-        ``claim_grace_s``: a younger one may belong to a writer about to create its marker. Returns a report of
-        what was (``dry_run``: would be) deleted.
+        every version a fork pins, and every version a kept one references (its base). Objects are deleted only
+        when unreferenced by every manifest, committed or in flight, and by every fork's pin, and older than
+        ``grace_s``; safe while a writer commits or a fork is made (gc.py gives the argument). A claim (manifest
+        without marker) is deleted only when older than ``claim_grace_s``: a younger one may belong to a writer about
+        to create its marker. A borrowed version this store deletes gives up its pin in the store it borrowed from.
+        Returns a report of what was (``dry_run``: would be) deleted, the pinned versions, the pins released and
+        ``unclaimed_pins``: pins whose fork holds no version naming them (pins.py).
         """
         if not isinstance(keep_last, int) or keep_last < 1:
             raise ValueError(f"keep_last must be an int >= 1 (the newest version is always kept), got {keep_last!r}")
@@ -320,6 +330,31 @@ class CheckpointStore:
                 claim_grace_s=claim_grace_s, dry_run=dry_run, forget_version=self._writer.forget_version,
                 forget_object=self._writer.forget_object,
             ))
+
+    def fork(self, target_url: str, versions: Iterable[int], *, meta: Mapping[str, Any] | None = None,
+             lineage: Mapping[str, Any] | None = None) -> list[int]:
+        """Start the empty store at ``target_url`` (on this store's filesystem) from committed ``versions`` of this
+        one, copying no object: each becomes a borrowed version there (its number kept; fork.py says how, and gc.py
+        why this store's gc never deletes what the fork reads). Its meta is this version's with ``meta`` over it and
+        ``forked_from``: ``lineage`` plus the version and the sha256 of its manifest. Nothing is verified beyond the
+        manifests: verify() a version first to fork only one that restores. Returns the versions."""
+        chosen = sorted(set(versions))
+        if not chosen:
+            raise ValueError("fork needs at least one version to borrow")
+        target = StoreObjects(target_url, self._storage_options)
+        if target.fs != self._objects.fs:
+            raise ValueError(f"fork target {redact(target_url)} is not on the filesystem of {self._url}: a fork "
+                             "borrows objects in place, so it lives in the same store (same scheme and options)")
+        extra, about = normalize_meta(meta or {}), normalize_meta(lineage or {})
+        with self._lock:
+            return self._storage_call("fork", lambda: fork_versions(
+                self._objects, self._reader, self._url, target, redact(target_url), chosen, extra, about))
+
+    def pins(self) -> dict[str, dict[str, Any]]:
+        """The pins forks hold on this store's objects, by id: each fork's store (a path from this store's root),
+        the version it borrows and how many stored objects that version reads (pins.py)."""
+        pins = self._storage_call("list pins", lambda: read_pins(self._objects, self._url, grace_s=float("inf")))
+        return {i: {"fork": p.fork, "version": p.version, "objects": len(p.objects)} for i, p in pins.items()}
 
     def close(self) -> None:
         """Stop the worker threads (the store stays usable; they restart on demand)."""
@@ -361,8 +396,11 @@ class CheckpointStore:
             raise self._storage_error(what, exc) from exc
 
     def _storage_error(self, what: str, exc: BaseException) -> StorageError:
-        if what in ("list versions", "load"):
+        if what in ("list versions", "load", "list pins"):
             consequence = "nothing was read or changed; try again when storage is reachable"
+        elif what == "fork":
+            consequence = ("nothing of the fork is visible (a pin it could not remove keeps objects only, and gc "
+                           "reports it as unclaimed); fork again when storage is reachable")
         elif what == "collect garbage":
             consequence = "every committed version it kept is intact; run gc again when storage is reachable"
         else:

@@ -7,6 +7,10 @@ follows), what the last commit measured (probes of its chunks, the rows its spar
 base), and the objects known to be stored (those are not uploaded again). Whatever is missing is read back from
 storage (``_prepare_reference``). Not thread-safe: the store calls it under its lock.
 
+A fork's borrowed version (manifest.py) is a head but never a base: the commit after it is a full base in this
+store, and its objects are not known as stored here. So a fork's own versions name only objects of its own store,
+and once gc has collected its borrowed versions nothing of the fork needs the store it borrowed from.
+
 Commit protocol (why each step is there):
 
 1. Encode every chunk (nothing is written yet, so an encoding error leaves no trace).
@@ -148,6 +152,9 @@ class VersionWriter:
     def loaded(self, manifest: Manifest, raws: dict[str, np.ndarray]) -> None:
         """The store restored ``manifest`` (``raws``: its tensors' bytes): the next commit builds on it."""
         self._head = manifest
+        if manifest.borrowed is not None:  # its objects are another store's: the next commit is a full base
+            self._refs, self._base, self._pending_base = None, None, None
+            return
         if manifest.base is None:
             self._base = manifest
             self._refs = {name: BaseTensor(manifest.version, e, raws[name]) for name, e in manifest.tensors.items()}
@@ -207,8 +214,9 @@ class VersionWriter:
 
     def _prepare_reference(self) -> None:
         """Make sure the writer knows what to encode against: nothing in memory (fresh store, or a loaded delta
-        whose base is not restored yet) -> restore the base of the newest (or loaded) version, once."""
-        if self._refs is not None:
+        whose base is not restored yet) -> restore the base of the newest (or loaded) version, once. A borrowed head
+        has nothing to encode against here: the commit is a full base."""
+        if self._refs is not None or (self._head is not None and self._head.borrowed is not None):
             return
         base_version = self._pending_base
         if base_version is None:
@@ -220,6 +228,8 @@ class VersionWriter:
                     logger.warning("%s Skipping it when choosing what to commit against.", exc)
                     continue
                 self._head = head
+                if head.borrowed is not None:  # a fork's borrowed version: build on it with a full base
+                    return
                 base_version = head.version if head.base is None else head.base
                 break
             if base_version is None:

@@ -56,12 +56,12 @@ class RunInfo:
     is_new: bool
 
 
-def _dotted(values: dict, sections: tuple[str, ...], prefix: str = "") -> dict:
+def dotted_fields(values: dict, sections: tuple[str, ...], prefix: str = "") -> dict:
     """A nested config dict as {"env.name": ...}: sections' fields are compared one by one."""
     out: dict = {}
     for key, value in values.items():
         if isinstance(value, dict) and key in sections and not prefix:
-            out.update(_dotted(value, sections, f"{key}."))
+            out.update(dotted_fields(value, sections, f"{key}."))
         else:
             out[prefix + key] = value
     return out
@@ -70,9 +70,10 @@ def _dotted(values: dict, sections: tuple[str, ...], prefix: str = "") -> dict:
 def _comparable(cfg: dict) -> dict:
     """The fields a continued run must keep, dotted, from a stored (any layout) or current config dict."""
     if cfg.get("flow") == "agent":
-        return {k: v for k, v in _dotted(cfg, AgentRunConfig.SECTIONS).items() if k not in AGENT_CONTINUABLE_FIELDS}
+        fields = dotted_fields(cfg, AgentRunConfig.SECTIONS)
+        return {k: v for k, v in fields.items() if k not in AGENT_CONTINUABLE_FIELDS}
     nested = migrate_flat_config(cfg)
-    fields = {k: v for k, v in _dotted(nested, ControlRunConfig.SECTIONS).items() if k not in CONTINUABLE_FIELDS}
+    fields = {k: v for k, v in dotted_fields(nested, ControlRunConfig.SECTIONS).items() if k not in CONTINUABLE_FIELDS}
     fields[ENV_COUNT] = nested["env"]["num_workers"] * nested["env"]["envs_per_worker"]
     return fields
 

@@ -1,5 +1,6 @@
 """The runs under a store, as a terminal user lists them (`gymflow runs`): each run's kind, environment, newest
-version, iterations done of those asked for, last score and size, from its run.json, checkpoints and metrics."""
+version, iterations done of those asked for, last score, size and, for a fork, the run and version it started from,
+from its run.json, checkpoints and metrics."""
 from __future__ import annotations
 
 import json
@@ -43,6 +44,7 @@ def describe_run(store_url: str, name: str) -> dict[str, Any]:
         "iterations": config.get("iterations"),
         "score_name": "accuracy" if agent else "mean_return",
         "score": last.get("accuracy" if agent else "mean_return"),
+        "forked_from": stored.get("forked_from"),
         "bytes": fs.du(run_path),
     }
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -70,12 +71,11 @@ def _client_url(url: str) -> str:
 class OpenEnvTask:
     """One episode at a time of a remote OpenEnv text environment (see the module's docstring)."""
 
-    def __init__(self, name: str) -> None:
-        from rl_core.envs.agent.registry import agent_env_names, make_agent_env
-
+    def __init__(self, name: str, local: Callable[[], Any] | None = None) -> None:
+        """`local`: what makes the agent env registered here under the server's `task`, if there is one."""
         self.name = name
         self._url, own, self._reset_options = parse_openenv_name(name)
-        local = make_agent_env(task) if (task := self._reset_options.get("task")) in agent_env_names() else None
+        local = local() if local is not None else None
         self.alphabet: str = local.alphabet if local is not None else ""
         self.max_turns: int = int(own.get("max_turns") or (local.max_turns if local is not None else 1))
         self.stop: tuple[str, ...] = tuple(own["stop"].split(",")) if own.get("stop") else \

@@ -51,8 +51,8 @@ def validate_agent_env_name(name: str) -> None:
 def _factory(name: str) -> AgentEnvFactory:
     """What makes an env object of `name`."""
     validate_agent_env_name(name)
-    if is_openenv_name(name):
-        return functools.partial(OpenEnvTask, name)
+    if is_openenv_name(name):  # a server of gymflow's own task: the task's alphabet, turns and stop strings
+        return functools.partial(OpenEnvTask, name, _FACTORIES.get(parse_openenv_name(name)[2].get("task", "")))
     return functools.partial(ReasoningGymTask, name) if is_rg_name(name) else _FACTORIES[name]
 
 
