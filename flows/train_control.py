@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -88,7 +88,9 @@ def report_landed(report: RunReport, returns: RecentReturns, done: Landed) -> No
 
 
 @flow(name="train-control", task_runner=ThreadPoolTaskRunner(max_workers=16))
-@with_launch_options(CREDENTIALS_BLOCK)
+@with_launch_options({**CREDENTIALS_BLOCK, "hyperparameters": (
+    Optional[dict[str, Any]], None, "The algorithm's fields over its task preset and the size preset (e.g. "
+    "{\"learning_rate\": 1e-3}); a continued run must give the same")})
 def train_control(**options: Any) -> dict:
     """Train until the run has `iterations` iterations, then evaluate; returns the run's summary.
 

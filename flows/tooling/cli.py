@@ -6,6 +6,8 @@
     gymflow runs [--store URL]        the runs under a store: newest version, iterations, last score, size
     gymflow export RUN --hf DIR | --safetensors FILE   a stored version as a model that loads without gymflow
     gymflow fork RUN[@VERSION] NEW [--set field=value ...]   a new run from a committed version of another (no copy)
+    gymflow sweep run NAME --seeds S,.. --grid KEY=V,..   N runs (seeds x grid), at most --max-concurrent at a time
+    gymflow sweep report NAME         a sweep's scores, 95% intervals and verdicts
     gymflow ckpt ls|show|verify|gc|export ...   inspect and maintain a run's checkpoint store
     gymflow ui [--stop]               a local Prefect server, the gymflow work pool, deployments and a worker
     gymflow serve-envs --task NAME    serve tasks to OpenEnv clients (HTTP and WebSocket, on 127.0.0.1)
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flows.tooling.fork import add_fork_parser, fork_command
+from flows.tooling.sweep_cli import add_sweep_parser, sweep_command
 from rl_core.config.launch_options import LaunchOption, agent_launch_options, launch_options
 
 SUMMARY_KEYS = ("final_return", "random_return", "env_steps", "wall_s", "loop_s", "first_iteration_s", "command_s",
@@ -143,6 +146,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _runs_parser(sub)
     _export_parser(sub)
     add_fork_parser(sub, DEFAULT_STORE, EXIT_CODES)
+    add_sweep_parser(sub, DEFAULT_STORE, EXIT_CODES)
     _ckpt_parser(sub)
     _ui_parser(sub)
     _serve_envs_parser(sub)
@@ -173,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     from rl_core.data.run_lease import RunBusy
 
     commands = {"train": _train, "train-agent": _train_agent, "evaluate": _evaluate, "runs": _runs,
-                "export": _export, "fork": fork_command}
+                "export": _export, "fork": fork_command, "sweep": sweep_command}
     try:
         result = commands[args.command](args)
     except ConfigError as err:
