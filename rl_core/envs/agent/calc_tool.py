@@ -49,9 +49,9 @@ def calc_problem(seed: int) -> tuple[int, int]:
     return draw_problem(STREAM, seed, draw_product, product_prompt)
 
 
-def first_action(text: str) -> str:
-    """`text` up to and including the first closing tag, where the generator is meant to stop."""
-    ends = [text.index(tag) + len(tag) for tag in STOP if tag in text]
+def first_action(text: str, stop: tuple[str, ...] = STOP) -> str:
+    """`text` up to and including the first of the closing tags `stop`, where the generator is meant to stop."""
+    ends = [text.index(tag) + len(tag) for tag in stop if tag in text]
     return text[:min(ends)] if ends else text
 
 
@@ -71,6 +71,8 @@ class CalcTool:
     alphabet = ALPHABET
     max_turns = MAX_TURNS
     stop = STOP
+    sft_stream = SFT_STREAM
+    sft_tool_fraction = SFT_TOOL_FRACTION
 
     def __init__(self) -> None:
         self._answer: int | None = None
@@ -125,8 +127,8 @@ class CalcTool:
         return [f"<ans>{left * right}</ans>"]
 
     def sft_demonstration(self, seed: int) -> list[str]:
-        """What the SFT warm start imitates: the tool episode for a `SFT_TOOL_FRACTION` of seeds, else the answer."""
-        with_tool = np.random.default_rng([SFT_STREAM, seed]).random() < SFT_TOOL_FRACTION
+        """What the SFT warm start imitates: the tool episode for a `sft_tool_fraction` of seeds, else the answer."""
+        with_tool = np.random.default_rng([self.sft_stream, seed]).random() < self.sft_tool_fraction
         return self.demonstration(seed) if with_tool else self.direct_demonstration(seed)
 
     def problem_seeds(self, split: Split, count: int, start: int = 0) -> list[int]:

@@ -23,8 +23,8 @@ import re
 
 import numpy as np
 
-from rl_core.envs.agent.calc_tool import ANSWER, calculator
-from rl_core.envs.agent.contract import Split, draw_problem, split_seeds
+from rl_core.envs.agent.calc_tool import ANSWER, CalcTool, calculator, first_action
+from rl_core.envs.agent.contract import draw_problem
 from rl_core.envs.agent.tagged_tools import TaggedTool, TaggedTools
 
 STREAM = 0x4C4F4F4B  # "LOOK"
@@ -79,27 +79,18 @@ def order_problem(seed: int) -> tuple[str, int]:
     return draw_problem(STREAM, seed, draw_order, order_prompt)
 
 
-def first_action(text: str) -> str:
-    """`text` up to and including the first closing tag, where the generator is meant to stop."""
-    ends = [text.index(tag) + len(tag) for tag in STOP if tag in text]
-    return text[:min(ends)] if ends else text
-
-
-class LookupCalc:
+class LookupCalc(CalcTool):
     """Multi-turn use of two tools: `<look>17</look>` and `<calc>374*56</calc>` (output `<out>N</out>`), then
-    `<ans>N</ans>`."""
+    `<ans>N</ans>`. Ends, scores and splits problems as CalcTool does."""
 
     name = "LookupCalc-v0"
     alphabet = ALPHABET
     max_turns = MAX_TURNS
     stop = STOP
+    sft_stream = SFT_STREAM
+    sft_tool_fraction = SFT_TOOL_FRACTION
     tools = TOOLS
     tool_format = TOOL_FORMAT
-
-    def __init__(self) -> None:
-        self._answer: int | None = None
-        self._turn = 0
-        self._tool_calls = 0
 
     def reset(self, seed: int) -> str:
         """Start problem `seed`; returns its prompt."""
@@ -113,7 +104,7 @@ class LookupCalc:
         """Run a tool call (a turn, even when malformed) or score an answer; anything else ends with reward 0."""
         if self._answer is None:
             raise RuntimeError(f"{self.name}: no episode is running; call reset(seed) first")
-        text = first_action(action)
+        text = first_action(action, STOP)
         self._turn += 1
         info: dict = {"turn": self._turn}
         content, calls = TOOL_FORMAT.parse(text, "step")
@@ -140,12 +131,6 @@ class LookupCalc:
         argument = next(iter(json.loads(arguments).values()))
         return look_up(argument) if name == "lookup" else calculate(argument)
 
-    def _end(self, reward: float, info: dict) -> tuple[str, float, bool, dict]:
-        """The last step of an episode."""
-        info.update(correct=reward == 1.0, expected=str(self._answer), tool_calls=self._tool_calls)
-        self._answer = None
-        return "", reward, True, info
-
     def demonstration(self, seed: int) -> list[str]:
         """The tool episode of problem `seed`: look the price up, multiply, answer."""
         item, quantity = order_problem(seed)
@@ -156,12 +141,3 @@ class LookupCalc:
         """The answer of problem `seed` without the tools."""
         item, quantity = order_problem(seed)
         return [f"<ans>{CATALOGUE[item] * quantity}</ans>"]
-
-    def sft_demonstration(self, seed: int) -> list[str]:
-        """What the SFT warm start imitates: the tool episode for a `SFT_TOOL_FRACTION` of seeds, else the answer."""
-        with_tools = np.random.default_rng([SFT_STREAM, seed]).random() < SFT_TOOL_FRACTION
-        return self.demonstration(seed) if with_tools else self.direct_demonstration(seed)
-
-    def problem_seeds(self, split: Split, count: int, start: int = 0) -> list[int]:
-        """Seeds of `split`; train and held-out share neither seeds nor problems."""
-        return split_seeds(split, count, start)
