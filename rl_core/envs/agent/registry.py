@@ -22,8 +22,8 @@ _FACTORIES: dict[str, AgentEnvFactory] = {}
 def register_agent_env(factory: AgentEnvFactory, name: str) -> None:
     """Make `factory` (an env class or a function returning an env) selectable by `name`; never replaces one."""
     if is_rg_name(name) or is_openenv_name(name):
-        raise ValueError(f"agent env names starting with {RG_PREFIX!r} or {OPENENV_PREFIX!r} select reasoning-gym "
-                         f"datasets and OpenEnv servers; pick another name than {name!r}")
+        raise ValueError(f"agent env names starting with {RG_PREFIX!r} select reasoning-gym datasets, and those "
+                         f"starting with {OPENENV_PREFIX!r} OpenEnv servers; pick another name than {name!r}")
     if name in _FACTORIES and _FACTORIES[name] is not factory:
         raise ValueError(f"agent env {name!r} is already registered (by {_FACTORIES[name]!r}); pick another name")
     _FACTORIES[name] = factory
