@@ -24,7 +24,6 @@ import atexit
 import json
 import logging
 import os
-import signal
 import sys
 import textwrap
 import threading
@@ -33,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flows.tooling.fork import add_fork_parser, fork_command
+from flows.tooling.serve_envs import add_serve_envs_parser, serve_envs_command
 from flows.tooling.sweep_cli import add_sweep_parser, sweep_command
 from rl_core.config.launch_options import LaunchOption, agent_launch_options, launch_options
 
@@ -120,20 +120,6 @@ def _ui_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=4200, help="the server's port on 127.0.0.1 (default: 4200)")
 
 
-def _serve_envs_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("serve-envs", help="serve tasks over OpenEnv's HTTP/WebSocket protocol",
-                            description="Serves tasks to OpenEnv clients, one session = a batch of envs on Ray env "
-                                        "hosts, until interrupted; prints the URL to connect to, which carries the "
-                                        "server's random token (docs: guides/env-service.md).", epilog=EXIT_CODES)
-    parser.add_argument("--task", action="append", required=True, metavar="NAME",
-                        help="a MuJoCo task or agent env to serve; repeat for several (the first is the default)")
-    parser.add_argument("--num-envs", type=int, default=1, help="envs of a session whose reset names no num_envs "
-                                                                "(default: 1, OpenEnv's single-env shapes)")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port; 0 picks a free one (default: 8000)")
-    parser.add_argument("--workers", type=int, help="Ray env-host actors (default: one per core)")
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="gymflow", description=textwrap.dedent(__doc__.split("\n\n")[1]),
                                      epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,7 +135,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_sweep_parser(sub, DEFAULT_STORE, EXIT_CODES)
     _ckpt_parser(sub)
     _ui_parser(sub)
-    _serve_envs_parser(sub)
+    add_serve_envs_parser(sub, EXIT_CODES)
     return parser.parse_args(argv)
 
 
@@ -164,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "ui":
         return _ui(args)
     if args.command == "serve-envs":
-        return _serve_envs(args)
+        return serve_envs_command(args)
     from flows.tooling.defaults import apply_prefect_defaults
 
     apply_prefect_defaults()  # before anything imports prefect
@@ -354,35 +340,6 @@ def _ui(args: argparse.Namespace) -> int:
     from flows.tooling import ui_stack
 
     return ui_stack.stop() if args.stop else ui_stack.start(port=args.port)
-
-
-def _serve_envs(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
-    from flows.tooling.orphan_guard import guard
-    from rl_core.config.common import ConfigError, format_validation_error
-    from rl_core.runtime.serving import EnvService, ServeConfig
-
-    options = {"tasks": args.task, "num_envs": args.num_envs, "host": args.host, "port": args.port,
-               "workers": args.workers}
-    try:
-        service = EnvService(ServeConfig(**{k: v for k, v in options.items() if v is not None}))
-    except ValidationError as err:
-        print(f"error: {format_validation_error(err, 'invalid serve-envs options:')}", file=sys.stderr)
-        return 2
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    guard()  # the env hosts and Ray end with this command, even when it is SIGKILLed
-    stopped = threading.Event()
-    with service:
-        for signum in (signal.SIGINT, signal.SIGTERM):  # a server's ordinary end: exit 0, after stopping cleanly
-            signal.signal(signum, lambda *_: stopped.set())
-        print(f"serving {', '.join(service.cfg.tasks)} to OpenEnv clients at {service.client_url} (the token is the "
-              "URL's password); Ctrl-C stops", flush=True)
-        stopped.wait()
-    print("stopped", file=sys.stderr)
-    return 0
 
 
 def console_main() -> None:

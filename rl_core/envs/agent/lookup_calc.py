@@ -18,7 +18,6 @@ their results, so the OpenAI endpoint turns `<look>17</look>` into a `tool_calls
 """
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
@@ -107,10 +106,11 @@ class LookupCalc(CalcTool):
         text = first_action(action, STOP)
         self._turn += 1
         info: dict = {"turn": self._turn}
-        content, calls = TOOL_FORMAT.parse(text, "step")
-        if calls and content is None:
+        called = TOOL_FORMAT.call(text)
+        if called is not None:
             self._tool_calls += 1
-            output = self._run(calls[0]["function"]["name"], calls[0]["function"]["arguments"])
+            tool, argument = called
+            output = look_up(argument) if tool.name == "lookup" else calculate(argument)
             if output is None:
                 info["error"] = (f"malformed tool call {text!r}: expected <look>NN</look> with an item 00-99 or "
                                  "<calc>A*B</calc> with A and B of at most 6 digits and one operator of + - *")
@@ -124,12 +124,6 @@ class LookupCalc(CalcTool):
                             f"found {text!r}"
             return self._end(0.0, info)
         return self._end(float(int(answer.group(1)) == self._answer), info)
-
-    @staticmethod
-    def _run(name: str, arguments: str) -> str | None:
-        """A parsed call's output (None: malformed)."""
-        argument = next(iter(json.loads(arguments).values()))
-        return look_up(argument) if name == "lookup" else calculate(argument)
 
     def demonstration(self, seed: int) -> list[str]:
         """The tool episode of problem `seed`: look the price up, multiply, answer."""

@@ -52,6 +52,11 @@ class TaggedTools:
         kept.append(text[position:])
         return ("".join(kept) or None), calls
 
+    def call(self, text: str) -> tuple[TaggedTool, str] | None:
+        """(the tool, its argument) when `text` is exactly one call, else None: what an env's `step` runs."""
+        match = self._call.fullmatch(text)  # type: ignore[attr-defined]  # set in __post_init__
+        return None if match is None else (self.tools[match.lastindex - 1], match.group(match.lastindex))
+
     def assistant_text(self, content: str | None, calls: list[dict[str, Any]]) -> str:
         return (content or "") + "".join(self._call_text(call["function"]) for call in calls)
 

@@ -165,10 +165,12 @@ def _choice(index: int, generation: Generation, completion: Completion, chat: Ch
     if generation.finish_reason == "stop" and not completion.request.include_stop_str_in_output:
         matched = next((stop for stop in completion.stops if tuple(ids[len(ids) - len(stop):]) == stop), ())
         ids = ids[:len(ids) - len(matched)]
-    message: dict[str, Any] = {"role": "assistant", "content": chat.decode(ids)}
+    text = chat.decode(ids)
+    message: dict[str, Any] = {"role": "assistant", "content": text}
     finish = generation.finish_reason
     if completion.parse_tools:
-        content, calls = chat.tools.parse(chat.decode(whole), f"call_{completion.key[:16]}_{index}")
+        written = text if len(ids) == len(whole) else chat.decode(whole)
+        content, calls = chat.tools.parse(written, f"call_{completion.key[:16]}_{index}")
         if calls:
             message = {"role": "assistant", "content": content, "tool_calls": calls}
             finish = "tool_calls" if finish == "stop" else finish
