@@ -2,8 +2,9 @@
 the sweep's report, as the parent run's artifacts and a page under the store (`<store>/<sweep>/report.md`).
 
     check the spec (once), build every member's config, record the sweep's identity (<store>/<sweep>/sweep.json)
-    for each member:  finished (newest version == its iterations, its result recorded)?  skip it
-                      else  train-control | train-agent as a subflow, at most `max_concurrent` at a time
+    grid: for each member:  finished (newest version == its iterations, its result recorded)?  skip it
+                            else  train-control | train-agent as a subflow, at most `max_concurrent` at a time
+    pbt:  generations of `pbt.interval` iterations, the bottom quantile forking the top (flows/sweep_pbt.py)
     report: learning curves per group (members that differ only by seed), final scores with mean, IQM and bootstrap
             95% intervals, pairwise verdicts; then fail if a member failed (run the sweep again to resume it)
 
@@ -27,53 +28,32 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 from typing import Any
 
-import fsspec
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NO_CACHE
-from prefect.futures import wait
-from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.sweep_member import SCORE, put_whole, read_record, train_members, write_record
+from flows.sweep_pbt import train_population
 from rl_core.checkpoint import CheckpointStore
 from rl_core.config.common import ConfigError
 from rl_core.config.sweep import Member, SweepSpec, load_spec
 from rl_core.data import RunLayout
 from rl_core.reporting import read_metrics
 from rl_core.reporting.intervals import pairwise_verdicts, summarize
+from rl_core.reporting.population_lineage import lineage_png
 from rl_core.runtime.local_ray import actor_cpus, ensure_ray
 from tasks.artifact_keys import artifact_key
 
-SCORE = {"control": "final_return", "agent": "accuracy_final"}
-"""A member's final score: its final evaluation (deterministic episodes, held-out problems)."""
 CURVE = {"control": ("env_steps_total", "mean_return"), "agent": ("tokens_total", "accuracy")}
 """A member's learning curve: (x, y) fields of its iteration records."""
-KEPT = ("policy_sha256", "iterations", "run_dir")
-
-
-def sweep_url(spec: SweepSpec) -> str:
-    """The sweep's page: sweep.json (its identity), members/<name>.json (their results), report.md/.json, curves.png."""
-    return f"{spec.store.rstrip('/')}/{spec.name}"
-
-
-@task(name="sweep_member", cache_policy=NO_CACHE, task_run_name="{name}")
-def sweep_member(kind: str, name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Train one member to its iterations as a subflow (a continued run where it has versions) and return its
-    result. No retries here: the member's own steps retry, and a member that fails is resumed by the next sweep run."""
-    if kind == "agent":
-        from flows.train_agent import train_agent as member_flow
-    else:
-        from flows.train_control import train_control as member_flow
-    summary = member_flow.with_options(flow_run_name=name)(**options)
-    return {"score": summary[SCORE[kind]], **{k: summary[k] for k in KEPT}}
 
 
 @flow(name="sweep")
 def sweep(name: str, flow: str = "control", seeds: list[int] | None = None,
           grid: dict[str, list[Any]] | None = None, options: dict[str, Any] | None = None,
-          store: str = "file://./runs", max_concurrent: int = 2, margin: float = 0.05) -> dict:
+          store: str = "file://./runs", max_concurrent: int = 2, margin: float = 0.05, strategy: str = "grid",
+          pbt: dict[str, Any] | None = None) -> dict:
     """Train the sweep's members (at most `max_concurrent` at a time), then publish its report; returns the report.
 
     Args:
@@ -85,32 +65,27 @@ def sweep(name: str, flow: str = "control", seeds: list[int] | None = None,
         store: fsspec URL under which the members' folders and the sweep's page live.
         max_concurrent: Members training at the same time (their Ray actors must fit together).
         margin: Non-inferiority margin of the verdicts, a fraction of the compared group's |mean| score.
+        strategy: grid (each member trains to the end on its own) or pbt (population-based training).
+        pbt: With strategy pbt: interval (iterations per generation), mutable (field -> [low, high]), quantile,
+            factors.
     """
     given = {"name": name, "flow": flow, "seeds": seeds, "grid": grid, "options": options, "store": store,
-             "max_concurrent": max_concurrent, "margin": margin}
+             "max_concurrent": max_concurrent, "margin": margin, "strategy": strategy, "pbt": pbt}
     spec = load_spec({k: v for k, v in given.items() if v is not None})
     members = spec.members()
     logger = get_run_logger()
     record_identity(spec)
     ensure_ray(spec.max_concurrent * max(actor_cpus(m.config) for m in members))
-    results = {m.name: recorded_result(spec, m) for m in members}
-    todo = [m for m in members if results[m.name] is None]
-    logger.info("sweep %s: %d members, %d finished, %d to train (at most %d at a time)", spec.name, len(members),
-                len(members) - len(todo), len(todo), spec.max_concurrent)
-    failed: dict[str, str] = {}
-    with ThreadPoolTaskRunner(max_workers=spec.max_concurrent) as pool:
-        futures = {m.name: pool.submit(sweep_member, {"kind": spec.flow, "name": m.name, "options": m.options})
-                   for m in todo}
-        wait(list(futures.values()))
-    for member in todo:
-        state = futures[member.name].state
-        if state.is_completed():
-            results[member.name] = futures[member.name].result()
-            record_result(spec, member, results[member.name])
-        else:
-            failed[member.name] = state.message or state.name
-            logger.error("sweep %s: member %s failed: %s", spec.name, member.name, failed[member.name])
-    report = sweep_report(spec, members, results)
+    logger.info("sweep %s (%s): %d members, at most %d at a time", spec.name, spec.strategy, len(members),
+                spec.max_concurrent)
+    generations: list[dict[str, Any]] = []
+    if spec.strategy == "pbt":
+        results, failed, generations = train_population(spec, members, logger)
+    else:
+        results, failed = train_grid(spec, members)
+    for member, why in failed.items():
+        logger.error("sweep %s: member %s failed: %s", spec.name, member, why)
+    report = sweep_report(spec, members, results, failed, generations)
     publish_report(spec, members, report)
     if failed:
         raise RuntimeError(f"sweep {spec.name}: {len(failed)} of {len(members)} members failed "
@@ -118,67 +93,68 @@ def sweep(name: str, flow: str = "control", seeds: list[int] | None = None,
     return report
 
 
-def _fs_path(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    return fsspec.core.url_to_fs(url)
+def train_grid(spec: SweepSpec, members: list[Member]) -> tuple[dict[str, dict[str, Any] | None], dict[str, str]]:
+    """Each member trained to its iterations on its own, the finished ones skipped; their results (None where a
+    member has none) and the members that failed, with why."""
+    page = f"{spec.page}/members"
+    results = {m.name: recorded_result(spec, m) for m in members}
+    failed = train_members(spec, {m.name: (m.name, m.options) for m in members if results[m.name] is None}, page)
+    return {m: r or (None if m in failed else read_record(f"{page}/{m}.json")) for m, r in results.items()}, failed
 
 
 def record_identity(spec: SweepSpec) -> None:
     """Write sweep.json for a new sweep; for an existing one, refuse another spec under its name, naming the fields
     that differ (its members' names and configs come from them)."""
-    fs, path = _fs_path(f"{sweep_url(spec)}/sweep.json")
-    wanted = spec.identity()
-    if fs.exists(path):
-        stored = json.loads(fs.cat_file(path))
-        differ = sorted(k for k in wanted.keys() | stored.keys() if wanted.get(k) != stored.get(k))
-        if differ:
-            raise ConfigError(f"sweep {spec.name} exists at {sweep_url(spec)} with other {', '.join(differ)} "
-                              f"({', '.join(f'{k}: {stored.get(k)!r}' for k in differ)}); run it with those, or "
-                              "name a new sweep")
+    url = f"{spec.page}/sweep.json"
+    wanted, stored = spec.identity(), read_record(url)
+    if stored is None:
+        write_record(url, wanted)
         return
-    fs.makedirs(fs._parent(path), exist_ok=True)
-    fs.pipe_file(path, json.dumps(wanted, indent=1).encode())
-
-
-def _result_path(spec: SweepSpec, member: Member) -> str:
-    return f"{sweep_url(spec)}/members/{member.name}.json"
+    differ = sorted(k for k in wanted.keys() | stored.keys() if wanted.get(k) != stored.get(k))
+    if differ:
+        raise ConfigError(f"sweep {spec.name} exists at {spec.page} with other {', '.join(differ)} "
+                          f"({', '.join(f'{k}: {stored.get(k)!r}' for k in differ)}); run it with those, or "
+                          "name a new sweep")
 
 
 def recorded_result(spec: SweepSpec, member: Member) -> dict[str, Any] | None:
     """A finished member's recorded result: its newest version is its iterations and the sweep recorded what its
     flow returned. None otherwise (trained, or only evaluated if it finished without its result recorded)."""
     latest = CheckpointStore(RunLayout(member.config.run_url).checkpoints).latest()
-    fs, path = _fs_path(_result_path(spec, member))
-    if latest != member.config.iterations or not fs.exists(path):
-        return None
-    return json.loads(fs.cat_file(path))
+    return read_record(f"{spec.page}/members/{member.name}.json") if latest == member.config.iterations else None
 
 
-def record_result(spec: SweepSpec, member: Member, result: dict[str, Any]) -> None:
-    fs, path = _fs_path(_result_path(spec, member))
-    fs.makedirs(fs._parent(path), exist_ok=True)
-    fs.pipe_file(path, json.dumps(result).encode())
-
-
-def sweep_report(spec: SweepSpec, members: list[Member], results: dict[str, dict | None]) -> dict[str, Any]:
+def sweep_report(spec: SweepSpec, members: list[Member], results: dict[str, dict | None], failed: dict[str, str],
+                 generations: list[dict[str, Any]]) -> dict[str, Any]:
     """The report's data (report.json): per group its members' scores, mean and IQM with 95% intervals; the verdict
-    of each ordered pair of groups; the members without a result."""
+    of each ordered pair of groups; the members without a result, and the failed ones with why. A population's
+    members form one group (exploiting mixes their grid points), and its report carries the generations."""
     groups: dict[str, list[float]] = {}
     rows = []
     for member in members:
-        groups.setdefault(member.group, [])
+        group = "population" if spec.strategy == "pbt" else member.group
+        groups.setdefault(group, [])
         result = results.get(member.name)
         if result is not None:
-            groups[member.group].append(float(result["score"]))
-        rows.append({"member": member.name, "group": member.group, "seed": member.seed,
+            groups[group].append(float(result["score"]))
+        rows.append({"member": member.name, "group": group, "seed": member.seed,
                      "score": None if result is None else result["score"],
-                     "policy_sha256": None if result is None else result["policy_sha256"]})
+                     "policy_sha256": None if result is None else result["policy_sha256"],
+                     **({"error": failed[member.name]} if member.name in failed else {})})
+    if generations:
+        last = generations[-1]["members"]
+        for row in rows:
+            row.update(run=last[row["member"]]["run"], values=last[row["member"]]["values"])
     scored = {g: v for g, v in groups.items() if v}
     return {
-        "sweep": spec.name, "flow": spec.flow, "score": SCORE[spec.flow], "margin": spec.margin,
+        "sweep": spec.name, "flow": spec.flow, "strategy": spec.strategy, "score": SCORE[spec.flow],
+        "margin": spec.margin,
         "groups": [{"group": g, "members": len(groups[g]), **summarize(v, digits=4)} for g, v in scored.items()],
         "verdicts": pairwise_verdicts(scored, spec.margin),
         "members": rows,
         "missing": [r["member"] for r in rows if r["score"] is None],
+        "failed": failed,
+        **({"generations": generations} if generations else {}),
     }
 
 
@@ -223,38 +199,57 @@ def score_table(report: dict[str, Any]) -> list[dict[str, Any]]:
              "iqm": g["iqm"], "iqm_ci95": interval(g["iqm_ci95"])} for g in report["groups"]]
 
 
-def report_markdown(report: dict[str, Any], curves: str) -> str:
-    """report.md (and the markdown artifact, with `curves` a data: URI instead of the PNG's file name)."""
+def report_markdown(report: dict[str, Any], figure: str) -> str:
+    """report.md (and the markdown artifact, with `figure` a data: URI instead of the PNG's file name)."""
     table = score_table(report)
+    pbt = report["strategy"] == "pbt"
+    about = ("The population's final members form one group (members that exploit take other members' weights); "
+             "intervals are percentile-bootstrap 95% over them." if pbt else
+             "Groups are the members that differ only by seed; intervals are percentile-bootstrap 95% over the seeds.")
     lines = [f"# Sweep {report['sweep']}", "",
-             (f"{report['flow']} runs; score: `{report['score']}` (final evaluation). Groups are the members that "
-              "differ only by seed; intervals are percentile-bootstrap 95% over the seeds."), "",
+             f"{report['flow']} runs; score: `{report['score']}` (final evaluation). {about}", "",
              "| group | runs | mean | mean 95% CI | IQM | IQM 95% CI |", "|---|---:|---:|---|---:|---|"]
     lines += [f"| {r['group']} | {r['runs']} | {r['mean']:.4g} | {r['mean_ci95']} | {r['iqm']:.4g} | "
               f"{r['iqm_ci95']} |" for r in table]
-    lines += ["", (f"Verdicts (A vs B: the 95% interval of mean(A) - mean(B); 'not worse': it holds 0 and lies above "
-                   f"-{report['margin']:g} x |mean(B)|; 'inconclusive': neither claim holds, or under 2 runs a "
-                   "side):"), "",
-              "| A | B | difference 95% CI | verdict |", "|---|---|---|---|"]
+    if report["verdicts"]:
+        lines += ["", (f"Verdicts (A vs B: the 95% interval of mean(A) - mean(B); 'not worse': it holds 0 and lies "
+                       f"above -{report['margin']:g} x |mean(B)|; 'inconclusive': neither claim holds, or under 2 "
+                       "runs a side):"), "",
+                  "| A | B | difference 95% CI | verdict |", "|---|---|---|---|"]
     for v in report["verdicts"]:
         ci = "-" if v["difference_ci95"] is None else f"[{v['difference_ci95'][0]:.4g}, {v['difference_ci95'][1]:.4g}]"
         lines.append(f"| {v['group']} | {v['versus']} | {ci} | **{v['verdict']}** |")
-    if report["missing"]:
-        lines += ["", f"**Not finished** (no score yet; run the sweep again): {', '.join(report['missing'])}."]
-    lines += ["", f"![learning curves]({curves})"]
+    if pbt:
+        lines += ["", "| member | last run | score | values |", "|---|---|---:|---|"]
+        lines += [f"| {r['member']} | {r.get('run', '-')} | {'-' if r['score'] is None else format(r['score'], '.4g')} "
+                  f"| {', '.join(f'{k}={v:.4g}' for k, v in r.get('values', {}).items())} |" for r in report["members"]]
+        lines += ["", "Exploits (after the generation ending at version v, member <- source, new values):", ""]
+        lines += [f"- v{g['version']}: " + ("; ".join(f"{e['member']} <- {e['source']} "
+                                                     f"({', '.join(f'{k}={v:.4g}' for k, v in e['values'].items())})"
+                                                     for e in g["exploits"]) or "none")
+                  for g in report.get("generations", []) if "exploits" in g]
+    if report["failed"]:
+        lines += ["", "**Failed** (run the sweep again to continue them):", ""]
+        lines += [f"- {member}: {why}" for member, why in report["failed"].items()]
+    missing = [m for m in report["missing"] if m not in report["failed"]]
+    if missing:
+        lines += ["", f"**Not finished** (no score yet; run the sweep again): {', '.join(missing)}."]
+    lines += ["", f"![{'lineage' if pbt else 'learning curves'}]({figure})"]
     return "\n".join(lines)
 
 
 def publish_report(spec: SweepSpec, members: list[Member], report: dict[str, Any]) -> None:
-    """report.json, report.md and curves.png under the sweep's page; a table and a markdown artifact on this run."""
-    png = curves_png(spec, members)
-    base = sweep_url(spec)
-    for file, blob in (("report.json", json.dumps(report, indent=1).encode()), ("curves.png", png),
-                       ("report.md", report_markdown(report, "curves.png").encode())):
-        fs, path = _fs_path(f"{base}/{file}")
-        fs.pipe_file(path, blob)
+    """report.json, report.md and the figure (curves.png; lineage.png for a population) under the sweep's page; a
+    table and a markdown artifact on this run."""
+    if spec.strategy == "pbt":
+        name, png = "lineage.png", lineage_png(report.get("generations", []), f"sweep {spec.name}", report["score"])
+    else:
+        name, png = "curves.png", curves_png(spec, members)
+    write_record(f"{spec.page}/report.json", report)
+    put_whole(f"{spec.page}/{name}", png)
+    put_whole(f"{spec.page}/report.md", report_markdown(report, name).encode())
     create_table_artifact(key=artifact_key(spec.name, "sweep-scores"), table=score_table(report),
                           description=f"sweep {spec.name}: final {report['score']} per group (95% intervals)")
     uri = "data:image/png;base64," + base64.b64encode(png).decode()
     create_markdown_artifact(key=artifact_key(spec.name, "sweep-report"), markdown=report_markdown(report, uri),
-                             description=f"sweep {spec.name}: scores, verdicts, learning curves ({base}/report.md)")
+                             description=f"sweep {spec.name}: scores, verdicts, {name[:-4]} ({spec.page}/report.md)")

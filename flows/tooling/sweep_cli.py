@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-SWEEP_HELP = "train a sweep of runs (seeds x a grid of overrides) and report it, or print a sweep's report"
+SWEEP_HELP = ("train a sweep of runs (seeds x a grid of overrides, or a population: --strategy pbt) and report it, or "
+              "print a sweep's report")
 
 
 def add_sweep_parser(sub: argparse._SubParsersAction, default_store: str, epilog: str) -> None:
@@ -34,6 +35,13 @@ def add_sweep_parser(sub: argparse._SubParsersAction, default_store: str, epilog
     run.add_argument("--max-concurrent", type=int, help="members training at the same time (default: 2)")
     run.add_argument("--margin", type=float, help="non-inferiority margin of the verdicts, a fraction of the "
                                                   "compared group's |mean| (default: 0.05)")
+    run.add_argument("--strategy", choices=("grid", "pbt"), help="grid: each member trains to the end on its own; "
+                                                                 "pbt: population-based training (default: grid)")
+    run.add_argument("--interval", type=int, help="pbt: iterations per generation (between decisions)")
+    run.add_argument("--quantile", type=float, help="pbt: the bottom fraction that exploits the top (default: 0.25)")
+    run.add_argument("--mutable", action="append", default=[], metavar="FIELD=LOW,HIGH",
+                     help="pbt: a numeric field perturbed on exploit, kept in [LOW, HIGH]; repeat for more, e.g. "
+                          "--mutable learning_rate=1e-5,1e-2")
     report = commands.add_parser("report", help="print a sweep's report (scores, intervals, verdicts)")
     report.add_argument("name", metavar="NAME", help="the sweep's name")
     report.add_argument("--store", default=default_store, help=f"fsspec URL (default: {default_store})")
@@ -61,7 +69,7 @@ def spec_values(args: argparse.Namespace) -> dict[str, Any]:
         if not isinstance(values, dict):
             raise ConfigError(f"--spec {args.spec}: expected a mapping of sweep fields, found {type(values).__name__}")
     values["name"] = args.name
-    for flag in ("flow", "store", "max_concurrent", "margin"):
+    for flag in ("flow", "store", "max_concurrent", "margin", "strategy"):
         if getattr(args, flag) is not None:
             values[flag] = getattr(args, flag)
     if args.seeds is not None:
@@ -73,6 +81,14 @@ def spec_values(args: argparse.Namespace) -> dict[str, Any]:
                 raise ConfigError(f"--{flag} {item!r}: expected KEY=VALUE{',VALUE...' if flag == 'grid' else ''}")
             parsed = parse_values(text)
             values.setdefault(target, {})[key.strip()] = parsed if flag == "grid" else parsed[0] if parsed else text
+    pbt = {k: getattr(args, k) for k in ("interval", "quantile") if getattr(args, k) is not None}
+    for item in args.mutable:
+        key, equals, text = item.partition("=")
+        if not equals or not key or len(parse_values(text)) != 2:
+            raise ConfigError(f"--mutable {item!r}: expected FIELD=LOW,HIGH, e.g. learning_rate=1e-5,1e-2")
+        pbt.setdefault("mutable", {})[key.strip()] = parse_values(text)
+    if pbt:
+        values["pbt"] = {**(values.get("pbt") or {}), **pbt}
     return values
 
 
@@ -99,7 +115,7 @@ def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
     with api_for_the_run(api):
         report = sweep(**spec.model_dump(mode="json"))
     print_report(spec.name, spec.store)
-    return {"sweep": spec.name, "members": len(members), "missing": report["missing"],
+    return {"sweep": spec.name, "strategy": spec.strategy, "members": len(members), "missing": report["missing"],
             "report": f"{spec.store.rstrip('/')}/{spec.name}/report.md"}
 
 
@@ -134,6 +150,19 @@ def print_report(name: str, store: str) -> None:
     for v in report["verdicts"]:
         ci = v["difference_ci95"]
         verdicts.add_row(v["group"], v["versus"], "-" if ci is None else f"[{ci[0]:.4g}, {ci[1]:.4g}]", v["verdict"])
-    console.print(verdicts)
-    if report["missing"]:
-        console.print(f"not finished: {', '.join(report['missing'])} (run the sweep again)")
+    if report["verdicts"]:
+        console.print(verdicts)
+    if report.get("strategy") == "pbt":
+        population = Table(title="population (last run of each member, its values)")
+        for column in ("member", "last run", "score", "values"):
+            population.add_column(column, overflow="fold")
+        for row in report["members"]:
+            values = ", ".join(f"{k}={v:.4g}" for k, v in row.get("values", {}).items())
+            population.add_row(row["member"], row.get("run", "-"),
+                               "-" if row["score"] is None else f"{row['score']:.4g}", values)
+        console.print(population)
+    for member, why in report.get("failed", {}).items():
+        console.print(f"failed: {member}: {why}")
+    missing = [m for m in report["missing"] if m not in report.get("failed", {})]
+    if missing:
+        console.print(f"not finished: {', '.join(missing)} (run the sweep again)")

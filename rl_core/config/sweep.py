@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -46,6 +48,36 @@ class Member:
         return ", ".join(f"{k}={_text(v)}" for k, v in self.overrides.items()) or "all"
 
 
+class PbtSpec(BaseModel):
+    """Population-based training: when members exploit and what they explore."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    interval: int = Field(ge=1, description="Iterations per generation: every member trains this many, is evaluated, "
+                          "then the bottom quantile forks from the top.")
+    quantile: float = Field(0.25, gt=0, le=0.5, description="The fraction of the population at the bottom that "
+                            "exploits, and at the top that is exploited.")
+    mutable: dict[str, tuple[float, float]] = Field(
+        min_length=1, description="Field -> [low, high]: the numeric fields a member perturbs when it exploits "
+        "(times one of `factors`, kept in bounds).")
+    factors: tuple[float, float] = Field((0.8, 1.2), description="The perturbation factors, one drawn per field.")
+
+    @field_validator("mutable")
+    @classmethod
+    def _bounds(cls, value: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        for key, (low, high) in value.items():
+            if not 0 < low < high:
+                raise ValueError(f"{key}: bounds [low, high] with 0 < low < high (got [{low:g}, {high:g}])")
+        return value
+
+    @field_validator("factors")
+    @classmethod
+    def _factors(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if any(f <= 0 for f in value):
+            raise ValueError(f"positive factors (got {list(value)})")
+        return value
+
+
 class SweepSpec(BaseModel):
     """What a sweep runs; `gymflow sweep run` flags or a YAML file (`--spec`) of these fields."""
 
@@ -63,6 +95,9 @@ class SweepSpec(BaseModel):
     max_concurrent: int = Field(2, ge=1, description="Members training at the same time.")
     margin: float = Field(0.05, ge=0, description="Non-inferiority margin of the verdicts, a fraction of the "
                           "compared group's |mean| score: 'not worse' claims any loss is smaller.")
+    strategy: Literal["grid", "pbt"] = Field("grid", description="grid: every member trains to the end on its own; "
+                                             "pbt: population-based training (`pbt`).")
+    pbt: PbtSpec | None = Field(None, description="Population-based training's settings (strategy pbt).")
 
     @field_validator("seeds")
     @classmethod
@@ -96,7 +131,28 @@ class SweepSpec(BaseModel):
         both = sorted(set(self.grid) & set(self.options))
         if both:
             raise ValueError(f"grid and options both set {', '.join(both)}")
+        if (self.strategy == "pbt") != (self.pbt is not None):
+            raise ValueError("strategy pbt takes pbt's settings (interval, mutable...), and only it does")
+        if self.pbt is not None:
+            unknown = sorted(k for k in self.pbt.mutable if k not in table and k not in self.algorithm_fields())
+            if unknown:
+                raise ValueError(f"pbt.mutable: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}")
+            reserved = sorted(k for k in self.pbt.mutable if k in RESERVED or k == "iterations")
+            if reserved:
+                raise ValueError(f"pbt.mutable: {', '.join(reserved)} set by the sweep itself")
+            other = sorted(k for k in self.pbt.mutable if not self.numeric(k))
+            if other:
+                raise ValueError(f"pbt.mutable: {', '.join(other)} not a number (a perturbation multiplies it)")
+            population = len(self.seeds) * math.prod(len(v) for v in self.grid.values())
+            if int(population * self.pbt.quantile) < 1:
+                raise ValueError(f"pbt: a population of {population} has no member in its {self.pbt.quantile:g} "
+                                 "quantile; add seeds or grid values, or raise quantile")
         return self
+
+    @property
+    def page(self) -> str:
+        """The sweep's page: sweep.json (its identity), its members' results, report.md/.json and its figures."""
+        return f"{self.store.rstrip('/')}/{self.name}"
 
     def option_table(self) -> dict:
         return agent_launch_options() if self.flow == "agent" else launch_options()
@@ -113,6 +169,15 @@ class SweepSpec(BaseModel):
             return ()  # the member configs' build names the unknown algorithm
         table = {o.path for o in launch_options().values() if o.path}
         return tuple(f for f in model.model_fields if ("algorithm", f) not in table)
+
+    def numeric(self, key: str) -> bool:
+        """Whether a launch option's or an algorithm field's values are numbers (int or float, or None as well)."""
+        option = self.option_table().get(key)
+        if option is not None:
+            kind = option.kind
+        else:
+            kind = algorithm_config_class(str(self.options.get("algorithm", "ppo"))).model_fields[key].annotation
+        return any(k in (int, float) for k in typing.get_args(kind) or (kind,))
 
     def typed(self, key: str, value: Any) -> Any:
         """`value` as key's field takes it (a flag's text "1e-3" as 0.001), so equal values give equal names."""
@@ -147,12 +212,43 @@ class SweepSpec(BaseModel):
                 except ConfigError as err:
                     raise ConfigError(f"sweep {self.name}, member {name}: {err}") from None
                 out.append(Member(name, seed, overrides, options, cfg))
+        if self.pbt is not None:
+            for member in out:
+                if member.config.iterations <= self.pbt.interval:
+                    raise ConfigError(f"sweep {self.name}: pbt.interval {self.pbt.interval} leaves no decision in "
+                                      f"{member.config.iterations} iterations; set iterations above it")
+                if len(member.name) > 100 - len(f"-g{member.config.iterations}"):
+                    raise ConfigError(f"sweep {self.name}: member {member.name} leaves no room for its forks' "
+                                      "generation suffix in a run name; shorten the sweep's name")
+        return out
+
+    def mutable_values(self, cfg: ControlRunConfig | AgentRunConfig) -> dict[str, Any]:
+        """The `pbt.mutable` fields' values in a member's configuration (given, or its presets')."""
+        values = cfg.model_dump()
+        out: dict[str, Any] = {}
+        for key in self.pbt.mutable if self.pbt else ():
+            option = self.option_table().get(key)
+            path = option.path if option is not None and option.path else ("algorithm", key)
+            value: Any = values
+            for part in path:
+                value = value[part]
+            out[key] = value
+        return out
+
+    def with_values(self, options: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+        """A member's launch options with the mutable fields' `values` set where they belong."""
+        out = {**options, "hyperparameters": {**options.get("hyperparameters", {})}}
+        for key, value in values.items():
+            (out["hyperparameters"] if key in self.algorithm_fields() else out)[key] = value
+        if not out["hyperparameters"]:
+            del out["hyperparameters"]
         return out
 
     def identity(self) -> dict[str, Any]:
         """What makes the members what they are (not how many run at once, nor the verdicts' margin): a sweep run
         again under its name must match it."""
-        return self.model_dump(mode="json", include={"flow", "seeds", "grid", "options", "store"})
+        kept = {"flow", "seeds", "grid", "options", "store"} | ({"strategy", "pbt"} if self.pbt else set())
+        return self.model_dump(mode="json", include=kept)
 
 
 def member_name(sweep: str, overrides: dict[str, Any], seed: int) -> str:

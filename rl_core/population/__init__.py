@@ -1,0 +1,1 @@
+"""Many runs as one population: population-based training's decisions (`pbt`), pure, with no flow in sight."""
