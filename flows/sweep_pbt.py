@@ -25,11 +25,11 @@ from typing import Any
 import fsspec
 
 from flows.sweep_member import read_record, train_members, write_record
-from rl_core.algos.base import algorithm_of
+from flows.tooling.fork import borrow
 from rl_core.config.common import ConfigError
 from rl_core.config.sweep import Member, SweepSpec
 from rl_core.data import RunLayout
-from rl_core.data.run_fork import make_fork, plan_fork
+from rl_core.data.run_fork import plan_fork
 from rl_core.data.run_info import read_run_json
 from rl_core.population.pbt import decide
 
@@ -117,7 +117,7 @@ def fork_member(spec: SweepSpec, member: Member, source: Slot, values: dict[str,
         changes = {("algorithm." if k in spec.algorithm_fields() else "") + k: v for k, v in values.items()}
         plan = plan_fork(spec.store, source["run"], run, version,
                          {**changes, "seed": member.seed, "iterations": next_end})
-        make_fork(plan, sorted({algorithm_of(plan.cfg).behaviour_version(plan.cfg, version), version}))
+        borrow(plan)
     elif (made.get("forked_from") or {}).get("run") != source["run"] or made["forked_from"]["version"] != version:
         raise ConfigError(f"run {run} exists under {spec.store} and is not the fork of {source['run']}@{version} "
                           f"this sweep decided (it records forked_from {made.get('forked_from')}); delete it or name "

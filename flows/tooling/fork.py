@@ -2,8 +2,8 @@
 run in the same store, sharing its checkpoint objects (docs: guides/forks.md).
 
 The checks and the writes are `rl_core.data.run_fork`'s; this is the command's edge: it parses the arguments, runs the
-preflight (what the world must accept of the new config), borrows the versions the fork's first iteration reads (its
-version, and with overlap or staleness the one before: `Algorithm.behaviour_version`) and prints the training command
+preflight (what the world must accept of the new config), borrows the versions the fork's run reads (`borrow`: its
+version, the one before with overlap or staleness, an agent run's warm start) and prints the training command
 that continues the fork. That command must rebuild the fork's config exactly (a continued run's options are checked
 against its run.json), so a change no training option can express is refused here, before anything is written.
 """
@@ -34,23 +34,34 @@ def add_fork_parser(sub: argparse._SubParsersAction, default_store: str, epilog:
 
 def fork_command(args: argparse.Namespace) -> dict[str, Any]:
     """Plan, check and make the fork; print how to continue it. Returns the command's JSON summary."""
-    from rl_core.algos.base import algorithm_of
     from rl_core.algos.preflight import preflight
     from rl_core.config.common import ConfigError
-    from rl_core.data.run_fork import make_fork, parse_sets, plan_fork
+    from rl_core.data.run_fork import parse_sets, plan_fork
 
     parent, at, version = args.run.partition("@")
     if at and not version.isdigit():
         raise ConfigError(f"RUN[@VERSION] {args.run!r}: the version after '@' is a number, e.g. {parent}@12")
     plan = plan_fork(args.store, parent, args.new, int(version) if at else None, parse_sets(args.set))
-    cfg = preflight(plan.cfg)
-    command = training_command(cfg)
-    versions = sorted({algorithm_of(cfg).behaviour_version(cfg, plan.version), plan.version})
-    made = make_fork(plan, versions)
+    command = training_command(preflight(plan.cfg))
+    made = borrow(plan)
+    versions = made["versions"]
     print(f"run {args.new} starts from version {plan.version} of run {parent} (borrowed: version"
           f"{'s' if len(versions) > 1 else ''} {', '.join(map(str, versions))}; no checkpoint object copied)")
     print(f"continue it with: {' '.join(command)}")
     return {**made, "continue": command}
+
+
+def borrow(plan: Any) -> dict[str, Any]:
+    """Make the planned fork (`rl_core.data.run_fork.ForkPlan`), borrowing the versions its run reads: the forked
+    one, the one its first iteration samples from (with overlap or staleness: `Algorithm.behaviour_version`) and, for
+    an agent run, version 0, the warm start whose held-out accuracy every run of the lineage reports."""
+    from rl_core.algos.base import algorithm_of
+    from rl_core.config.agent import AgentRunConfig
+    from rl_core.data.run_fork import make_fork
+
+    cfg = plan.cfg
+    warm = {0} if isinstance(cfg, AgentRunConfig) else set()
+    return make_fork(plan, sorted({algorithm_of(cfg).behaviour_version(cfg, plan.version), plan.version} | warm))
 
 
 def training_command(cfg: Any) -> list[str]:
