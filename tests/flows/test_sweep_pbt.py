@@ -134,3 +134,25 @@ def test_a_population_killed_mid_generation_and_run_again_ends_bit_identical(pop
     again = json.loads((tmp_path / "runs" / NAME / "report.json").read_text())
     assert {r["member"]: (r["run"], r["policy_sha256"]) for r in again["members"]} == expected
     assert decision.read_text() == (folder / NAME / "pbt" / "g0.json").read_text()
+
+
+@pytest.mark.parametrize(("file", "members", "strategy"), [("halfcheetah-lr.yaml", 10, "grid"),
+                                                           ("halfcheetah-pbt.yaml", 4, "pbt")])
+def test_the_guides_halfcheetah_spec_files_build_their_members(file: str, members: int, strategy: str) -> None:
+    from flows.tooling.cli import parse_args
+    from flows.tooling.sweep_cli import spec_values
+
+    spec = load_spec(spec_values(parse_args(["sweep", "run", "cheetah", "--spec", f"examples/sweeps/{file}"])))
+    assert len(spec.members()) == members and spec.strategy == strategy
+
+
+def test_pbt_flags_override_the_spec_files_settings() -> None:
+    from flows.tooling.cli import parse_args
+    from flows.tooling.sweep_cli import spec_values
+
+    values = spec_values(parse_args(["sweep", "run", "cheetah", "--spec", "examples/sweeps/halfcheetah-pbt.yaml",
+                                     "--interval", "10", "--mutable", "ent_coef=1e-4,0.01"]))
+    assert values["pbt"]["interval"] == 10 and values["pbt"]["quantile"] == 0.25
+    assert values["pbt"]["mutable"] == {"ent_coef": [1e-4, 0.01]}  # the flags' mutable fields replace the file's
+    with pytest.raises(ConfigError, match="expected FIELD=LOW,HIGH"):
+        spec_values(parse_args(["sweep", "run", "x", "--strategy", "pbt", "--mutable", "learning_rate=1e-3"]))
