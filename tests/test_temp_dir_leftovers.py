@@ -1,5 +1,6 @@
 """Nothing left behind in the temp dir: the benches' quick modes, an agent-flow drill with a killed generator, a bench
-that fails midway and one stopped by SIGTERM, each a subprocess whose temp dir must be as empty after as before.
+that fails midway and one stopped by SIGTERM, each a subprocess whose temp dir must be as empty after as before; and
+a control run on S3 SIGKILLed, whose leftovers are all in its command's own folder until the command runs again.
 
 Each runs with TMPDIR pointed at a fresh empty folder rather than with a listing of /tmp before and after: /tmp is
 shared by every process on the machine (other test sessions, other users' runs), whose files a listing would count,
@@ -136,6 +137,67 @@ def test_a_bench_stopped_by_sigterm_midway_leaves_nothing(temp: Path, env: dict[
         proc.kill()
         proc.wait()
     assert leftovers(temp) == []
+
+
+@pytest.mark.slow
+def test_a_training_run_sigkilled_on_s3_leaves_nothing_once_its_command_runs_again(
+        temp: Path, env: dict[str, str], tmp_path: Path, s3_server) -> None:
+    """`gymflow train` on an s3:// store, SIGKILLed (its whole process group) in iteration 3 once version 1 is
+    committed: what it left is all in its own command folder (no TensorBoard staging folder: the scalars went to the
+    store as they came, and are there), which the same command run again removes; after it ends, nothing is left."""
+    import s3fs
+
+    from rl_core.runtime.local_ray import kill_local_ray_of
+
+    keys = {"AWS_ACCESS_KEY_ID": "AKIALEFTOVERS", "AWS_SECRET_ACCESS_KEY": "leftovers-secret"}
+    fs = s3fs.S3FileSystem(key=keys["AWS_ACCESS_KEY_ID"], secret=keys["AWS_SECRET_ACCESS_KEY"],
+                           client_kwargs={"endpoint_url": s3_server.endpoint}, skip_instance_cache=True)
+    fs.mkdir("leftovers")
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    env = {**env, **keys, "AWS_ENDPOINT_URL": s3_server.endpoint, "GYMFLOW_FAULT_DIR": str(faults),
+           "GYMFLOW_FAULTS": "simulate.rollout_end:iteration=2,worker=0,action=stall"}  # the kill lands there
+    command = [sys.executable, "-m", "flows.tooling.cli", "train", "--preset", "tiny", "--iterations", "4",
+               "--num-ranks", "1", "--run-name", "drill", "--store", "s3://leftovers/runs"]
+    run = "leftovers/runs/drill"
+    log = tmp_path / "killed.log"  # a file, not a pipe: nobody reads the command's output while it runs
+    with open(log, "w") as output:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True, stdout=output,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not (any(faults.iterdir()) and fs.exists(f"{run}/checkpoints/versions/00000001.commit")
+                   and fs.exists(f"{run}/tensorboard")):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the run never committed version 1 and stalled in iteration 3"
+            fs.invalidate_cache()
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the command, its Prefect API and its Ray: a machine that died
+        proc.wait()
+        kill_local_ray_of(proc.pid)  # Ray workers (the stalled one among them) can outlive the group
+    left = leftovers(temp)
+    assert left and all(p.startswith(f"gymflow-command-{proc.pid}-") for p in left), left
+    assert not [p for p in left if "gymflow-tb-" in p]
+    assert _tensorboard_steps(fs, f"{run}/tensorboard", tmp_path / "killed") == [1]  # stored before the kill
+    done = subprocess.run(command, cwd=ROOT, env=env, start_new_session=True, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert leftovers(temp) == []
+    fs.invalidate_cache()
+    assert _tensorboard_steps(fs, f"{run}/tensorboard", tmp_path / "finished") == [1, 2, 3, 4]
+
+
+def _tensorboard_steps(fs, folder: str, local: Path) -> list[int]:
+    """The steps TensorBoard reads from the run's event files (a copy in `local`)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    local.mkdir()
+    for path in fs.find(folder):
+        fs.get_file(path, str(local / path.rsplit("/", 1)[1]))
+    events = EventAccumulator(str(local))
+    events.Reload()
+    return sorted({e.step for e in events.Scalars("train/env_steps_total")})
 
 
 SERVE_AND_CLOSE = """

@@ -108,10 +108,7 @@ def plan_fork(store: str, parent: str, new: str, version: int | None, changes: d
     if version not in committed:
         raise ConfigError(f"run {parent!r} has no committed version {version} (committed: "
                           f"{', '.join(map(str, committed)) or 'none'}); fork one of those")
-    errors = checkpoints.verify(version)["errors"]
-    if errors:
-        raise CheckpointError(f"version {version} of run {parent!r} does not restore, so it cannot be forked: "
-                              f"{errors[version]}")
+    _refuse_unless_restorable(checkpoints, parent, version, version)
     before = _stored_config(stored["config"], store, parent)
     cfg = _validated(_changed(before, {**_dotted_names(changes, before), "run_name": new}))
     refused = fork_refusals(before, cfg.model_dump(mode="json"), version)
@@ -150,18 +147,21 @@ def fork_refusals(before: dict[str, Any], after: dict[str, Any], version: int) -
 
 
 def make_fork(plan: ForkPlan, versions: list[int]) -> dict[str, Any]:
-    """Borrow `versions` (the plan's version, and any older one its first iteration reads) into the new run's
-    checkpoint store, then write its run.json (created exclusively: it makes the run exist). Returns the new run's
-    `forked_from` and versions.
+    """Borrow `versions` (the plan's version, and any older one the fork's run reads), each verified first, into the
+    new run's checkpoint store, then write its run.json (created exclusively: it makes the run exist). Returns the new
+    run's `forked_from` and versions.
 
     A process killed between the two leaves a fork's checkpoints without a run.json; running the same fork again
     finds them and writes the run.json."""
     cfg, layout = plan.cfg, RunLayout(plan.cfg.run_url)
     fork = CheckpointStore(layout.checkpoints)
     if not fork.versions():
+        parent = CheckpointStore(plan.parent_checkpoints)
+        for version in versions:  # the plan's own is verified; an older one the fork reads may not restore
+            if version != plan.version:
+                _refuse_unless_restorable(parent, plan.parent, version, plan.version)
         meta = {"config": cfg.model_dump(mode="json"), "seed": cfg.seed}  # what the fork is, as its commits say
-        CheckpointStore(plan.parent_checkpoints).fork(layout.checkpoints, versions, meta=meta,
-                                                      lineage={"run": plan.parent})
+        parent.fork(layout.checkpoints, versions, meta=meta, lineage={"run": plan.parent})
     elif not _forked_already(fork, plan, versions):
         raise ConfigError(f"{layout.checkpoints} holds checkpoint versions {fork.versions()} that are not this fork's "
                           f"(versions {versions} of run {plan.parent!r}); delete {layout.run_url} and fork again")
@@ -173,6 +173,16 @@ def make_fork(plan: ForkPlan, versions: list[int]) -> dict[str, Any]:
     run = StoreObjects(layout.run_url)
     run.create_exclusive(f"{run.root}/run.json", json.dumps(record, indent=2).encode())
     return {"run": cfg.run_name, "run_url": cfg.run_url, "forked_from": forked_from, "versions": versions}
+
+
+def _refuse_unless_restorable(checkpoints: CheckpointStore, parent: str, version: int, forked: int) -> None:
+    """CheckpointError naming `version` of run `parent` (and the chunk, tensor or manifest at fault) when it fails
+    verification: a fork at version `forked` reads it, so the fork's run could not start."""
+    errors = checkpoints.verify(version)["errors"]
+    if errors:
+        which = "it" if version == forked else f"version {forked}, which reads it,"
+        raise CheckpointError(f"version {version} of run {parent!r} does not restore, so {which} cannot be forked: "
+                              f"{errors[version]}")
 
 
 def _forked_already(fork: CheckpointStore, plan: ForkPlan, versions: list[int]) -> bool:

@@ -10,19 +10,23 @@ called with the run's URL and name) and every run adds it, without touching the 
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import math
 import os
-from pathlib import Path
+import socket
+import time
 from typing import Any, Protocol
 
 import fsspec
 
 from rl_core.data import RunLayout
-from rl_core.private_temp import PrivateTempDir
 
 Record = dict[str, Any]
 SINKS_VARIABLE = "GYMFLOW_METRIC_SINKS"
+PART_BYTES = 64 << 10
+"""A TensorBoard event file's size at which the next record starts another (about 100 iterations of a control run's
+scalars): each record writes its file whole again, so this bounds what one record uploads."""
 
 
 class MetricSink(Protocol):
@@ -89,41 +93,46 @@ def _tag(name: str) -> str:
 
 
 class TensorBoardSink:
-    """TensorBoard scalars of every numeric field, at step = iteration, under `<run>/tensorboard`.
+    """TensorBoard scalars of every numeric field, at step = iteration, in event files under `<run>/tensorboard`.
 
-    The writer needs a local directory: for a local store it writes there directly; for a remote one (s3://...) it
-    writes to a temporary directory and copies the event file into the run's folder on `close`.
+    Each record goes straight into the run's folder, on any fsspec store, as `RunMetricsSink`'s do: its event file is
+    written whole again with the record added, until it holds `PART_BYTES`; the next record starts another file. Why
+    not TensorBoard's own writer: it appends to a local file, so a remote store's events waited in a temp folder until
+    `close`, and a run killed before then left that folder behind and never stored its scalars. Here nothing is kept
+    outside the run's folder, and a killed run's scalars are stored up to its last record.
     """
 
-    def __init__(self, run_url: str, flush_secs: int = 10) -> None:
-        from torch.utils.tensorboard import (
-            SummaryWriter,  # imports tensorboard: only where a run logs
-        )
+    def __init__(self, run_url: str) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2  # imports tensorboard: only where a run logs
+        from tensorboard.summary.writer.record_writer import RecordWriter
 
-        url = RunLayout(run_url).tensorboard
-        fs, path = fsspec.core.url_to_fs(url)
-        self._remote = None if "file" in fs.protocol else (fs, path)
-        # A remote store's events wait in a temp folder: removed by close or at exit (after a kill, by the next sink).
-        self._temp = PrivateTempDir("gymflow-tb-") if self._remote else None
-        self._logdir = str(self._temp.path) if self._temp else path
-        Path(self._logdir).mkdir(parents=True, exist_ok=True)
-        self._writer = SummaryWriter(log_dir=self._logdir, flush_secs=flush_secs)
+        self._event, self._summary, self._record_writer = event_pb2.Event, summary_pb2.Summary, RecordWriter
+        self._fs, self._folder = fsspec.core.url_to_fs(RunLayout(run_url).tensorboard)
+        self._fs.makedirs(self._folder, exist_ok=True)
+        # TensorBoard's own file name (its start, host, process), then the part's number, zero-padded: TensorBoard
+        # reads a folder's event files in name order.
+        self._name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+        self._part = -1
+        self._new_part()
+
+    def _new_part(self) -> None:
+        self._part += 1
+        self._buffer = io.BytesIO()
+        self._records = self._record_writer(self._buffer)
+        self._records.write(self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
 
     def write(self, record: Record) -> None:
-        step = int(record["iteration"])
-        for name, value in record.items():
-            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if name != "iteration" and numeric and math.isfinite(value):
-                self._writer.add_scalar(_tag(name), value, step)
+        values = [self._summary.Value(tag=_tag(name), simple_value=value) for name, value in record.items()
+                  if name != "iteration" and isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value)]
+        event = self._event(wall_time=time.time(), step=int(record["iteration"]), summary=self._summary(value=values))
+        self._records.write(event.SerializeToString())
+        self._fs.pipe_file(f"{self._folder}/{self._name}.{self._part:06d}", self._buffer.getvalue())
+        if self._buffer.tell() >= PART_BYTES:
+            self._new_part()
 
     def close(self) -> None:
-        self._writer.close()
-        if self._remote:
-            fs, path = self._remote
-            fs.makedirs(path, exist_ok=True)
-            for event_file in Path(self._logdir).iterdir():
-                fs.put_file(str(event_file), f"{path}/{event_file.name}")
-            self._temp.close()
+        pass  # every record is stored as it comes
 
 
 def configured_sinks(run_url: str, run_name: str) -> list[MetricSink]:

@@ -67,6 +67,35 @@ def test_records_reach_every_sink_and_read_back_in_iteration_order(tmp_path, sch
     assert {"train/approx_kl", "train/steps_per_s", "train/env_steps_total", "time/train_s"} <= set(scalars)
 
 
+def test_tensorboard_scalars_are_stored_as_they_come_in_parts_and_nothing_is_staged(tmp_path, monkeypatch) -> None:
+    """Each record is in the run's folder at once (a run killed after it keeps it); a full event file is left and the
+    next record starts another; TensorBoard reads them all as one run; the temp dir is never used."""
+    import tempfile
+
+    from rl_core.reporting import metric_sinks
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setattr(metric_sinks, "PART_BYTES", 600)  # a part of a few records
+    run_url = f"memory://reporting-parts-{tmp_path.name}/run"
+    fs, path = fsspec.core.url_to_fs(f"{run_url}/tensorboard")
+    sink = TensorBoardSink(run_url)
+    records = _records(9)
+    for record in records[:2]:
+        sink.write(record)
+    fs.get(path, str(tmp_path / "killed"), recursive=True)  # what a run SIGKILLed now would leave
+    assert _scalars(str(tmp_path / "killed"))["train/mean_return"] == [(1, -7.0), (2, -4.0)]
+    for record in records[2:]:
+        sink.write(record)
+    sink.close()
+    parts = sorted(fs.ls(path, detail=False))
+    assert len(parts) >= 3 and [p.rsplit(".", 1)[1] for p in parts] == [f"{i:06d}" for i in range(len(parts))]
+    fs.get(path, str(tmp_path / "tb"), recursive=True)
+    assert _scalars(str(tmp_path / "tb"))["train/mean_return"] == [(r["iteration"], r["mean_return"]) for r in records]
+    assert list(temp.iterdir()) == []
+
+
 def test_a_record_without_its_iteration_is_refused() -> None:
     with pytest.raises(ValueError, match="iteration"):
         MetricsLogger([ListSink()]).log({"mean_return": 1.0})

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import numpy as np
 import pytest
 
 from flows.tooling.cli import parse_args
 from flows.tooling.fork import add_fork_parser, fork_command
-from rl_core.checkpoint import CheckpointStore
+from rl_core.checkpoint import CheckpointError, CheckpointStore
 from rl_core.config.common import ConfigError
 from rl_core.config.launch_options import agent_launch_options, launch_options
 from rl_core.config.presets import build_agent_config, build_control_config
@@ -124,12 +125,44 @@ def test_a_half_made_fork_is_finished_by_running_it_again(store: str) -> None:
         make_fork(other, [1])
 
 
+def test_a_version_that_fails_verification_is_not_forked_and_nothing_is_written(store: str, tmp_path) -> None:
+    """A chunk only version 1 stores, corrupted in storage (bit rot, a torn write): forking version 1 is refused, and
+    so is forking version 2 with overlap (its first collection acts with version 1's policy), each error naming the
+    run, the version and the chunk; neither writes anything, not the new run nor a pin on the parent. Version 2 on
+    its own (a full version, which reads nothing of version 1) still forks."""
+    cfg = build_control_config("tiny", run_name="p", store=store, iterations=3)
+    open_run(cfg)
+    parent = CheckpointStore(RunLayout(cfg.run_url).checkpoints, full_every=2, embed_bytes=0)  # v1 a delta on v0
+    weights = np.random.default_rng(0).standard_normal(50_000).astype(np.float32)
+    for i in range(3):
+        weights = weights.copy()
+        weights[1000 * i:1000 * (i + 1)] += 1.0
+        parent.commit({"model.w": weights}, {"iteration": i, "env_steps": 64 * i})
+
+    def chunks(version: int) -> set[str]:
+        return {c["chunk"] for e in parent.manifest(version)["tensors"].values() for c in e["chunks"]}
+
+    [sha] = chunks(1) - chunks(0) - chunks(2)
+    chunk = tmp_path / "runs" / "p" / "checkpoints" / "chunks" / sha[:2] / sha
+    rotted = bytearray(chunk.read_bytes())
+    rotted[len(rotted) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(rotted))
+    for argv, refusal in [(["p@1", "f"], "version 1 of run 'p' does not restore, so it cannot be forked"),
+                          (["p@2", "f", "--set", "overlap=true"],
+                           "version 1 of run 'p' does not restore, so version 2, which reads it, cannot be forked")]:
+        with pytest.raises(CheckpointError, match=rf"{re.escape(refusal)}: .*{sha[:12]}"):
+            _fork([*argv, "--store", store, "--set", "iterations=5"])
+        assert [r["run"] for r in list_runs(store)] == ["p"] and not (tmp_path / "runs" / "f").exists()
+        assert parent.pins() == {}
+    assert _fork(["p@2", "f", "--store", store, "--set", "iterations=5"])["versions"] == [2]
+
+
 def test_an_agent_fork_changes_how_it_learns_not_its_model(store: str) -> None:
     parent_cfg = build_agent_config("tiny", run_name="a", store=store, iterations=3)
     _parent(parent_cfg)
     made = _fork(["a", "b", "--store", store, "--set", "iterations=5", "--set", "learning_rate=1e-4", "--set",
                   "sampling.temperature=0.7", "--set", "algorithm.beta=0"])
-    assert made["versions"] == [2]
+    assert made["versions"] == [0, 2]  # and the warm start, whose held-out accuracy the fork's run reports
     command = " ".join(made["continue"])
     assert command.startswith("gymflow train-agent --preset tiny --run-name b") and "--learning-rate 0.0001" in command
     args = parse_args(made["continue"][1:])
@@ -144,13 +177,14 @@ def test_an_agent_fork_changes_how_it_learns_not_its_model(store: str) -> None:
 
 
 def test_an_agent_fork_with_staleness_borrows_the_version_its_first_rollout_samples_from(store: str) -> None:
-    """With max_staleness 1, iteration i samples from version i - 1 (`behaviour_version`): the fork borrows both."""
+    """With max_staleness 1, iteration i samples from version i - 1 (`behaviour_version`): the fork borrows both (and
+    the warm start, version 0)."""
     _parent(build_agent_config("tiny", run_name="a", store=store, iterations=3))
     made = _fork(["a", "s", "--store", store, "--set", "iterations=5", "--set", "max_staleness=1"])
-    assert made["versions"] == [1, 2] and "--max-staleness 1" in " ".join(made["continue"])
+    assert made["versions"] == [0, 1, 2] and "--max-staleness 1" in " ".join(made["continue"])
     fork = CheckpointStore(RunLayout(made["run_url"]).checkpoints)
-    assert fork.versions() == [1, 2] and fork.verify()["errors"] == {}
-    assert len(CheckpointStore(RunLayout(f"{store}/a").checkpoints).pins()) == 2
+    assert fork.versions() == [0, 1, 2] and fork.verify()["errors"] == {}
+    assert len(CheckpointStore(RunLayout(f"{store}/a").checkpoints).pins()) == 3
 
 
 def test_a_control_fork_with_overlap_borrows_the_version_its_first_collection_acts_with(store: str) -> None:

@@ -1,7 +1,14 @@
-"""What the flow tests share: the task runs of a flow run (read through the Prefect API), and fault injection."""
+"""What the flow tests share: the task runs of a flow run (read through the Prefect API), fault injection, and a
+command killed mid-way."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -53,3 +60,27 @@ def inject_faults(monkeypatch, tmp_path: Path, spec: str) -> None:
     """GYMFLOW_FAULTS for this test (the flow hands it to its Ray actors), markers in `tmp_path`."""
     monkeypatch.setenv("GYMFLOW_FAULTS", spec)
     monkeypatch.setenv("GYMFLOW_FAULT_DIR", str(tmp_path))
+
+
+def kill_when(cmd: list[str], env: dict[str, str], ready: Callable[[], bool], timeout_s: float, waiting_for: str
+              ) -> None:
+    """Start `cmd` in a session of its own, wait until `ready()`, then SIGKILL its whole process group (the command,
+    its Prefect API and its Ray: a machine that died) and the Ray workers that can outlive the group. Fails with the
+    command's output if it ends first, or with `waiting_for` after `timeout_s`. The output goes to a file, not a
+    pipe: nobody reads it while the command runs, and a full pipe would stall a chatty command."""
+    from rl_core.runtime.local_ray import kill_local_ray_of
+
+    with tempfile.TemporaryFile() as output:
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not ready():
+                if proc.poll() is not None:
+                    output.seek(0)
+                    raise AssertionError(output.read().decode()[-3000:])
+                assert time.monotonic() < deadline, f"never {waiting_for}"
+                time.sleep(0.05)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            kill_local_ray_of(proc.pid)

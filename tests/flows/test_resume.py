@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,8 +15,7 @@ import time
 import pytest
 
 from rl_core.checkpoint import CheckpointStore
-from rl_core.runtime.local_ray import kill_local_ray_of
-from tests.flows.flow_helpers import check_run_artifacts, inject_faults, task_runs
+from tests.flows.flow_helpers import check_run_artifacts, inject_faults, kill_when, task_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api", "local_ray")]
 ITERATIONS = 3
@@ -113,17 +111,8 @@ def test_sigkill_mid_iteration_then_resume(tmp_path, reference) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "GYMFLOW_FAULT_DIR": str(faults),
            "GYMFLOW_FAULTS": "simulate.rollout_end:iteration=2,worker=0,action=stall"}
     versions = tmp_path / "runs" / "killed" / "checkpoints" / "versions"
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 180
-        while not ((versions / "00000001.commit").exists() and any(faults.iterdir())):
-            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "the run never committed version 1 and stalled in iteration 2"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the flow, its Prefect API and its Ray: a machine that died
-        proc.wait()
-        kill_local_ray_of(proc.pid)  # Ray workers (the stalled one among them) can outlive the group
+    kill_when(cmd, env, lambda: (versions / "00000001.commit").exists() and any(faults.iterdir()), 180,
+              "committed version 1 and stalled in iteration 2")
     assert CheckpointStore(f"{tmp_path}/runs/killed/checkpoints").versions() == [0, 1]
     launched = time.monotonic()
     done = subprocess.run(cmd, env=env, start_new_session=True, capture_output=True, text=True, timeout=600)

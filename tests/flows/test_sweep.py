@@ -1,16 +1,21 @@
 """`gymflow sweep`: a tiny control sweep (2 seeds x 2 learning rates, 2 members at a time) trains every member to a
 verified last version and reports it; run again it skips finished members; a member that failed mid-way resumes
-when the sweep runs again, bit-identical to a member that never failed."""
+when the sweep runs again, bit-identical to a member that never failed; so does every member of a sweep command
+SIGKILLed mid-way and run again."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from rl_core.checkpoint import CheckpointStore
 from rl_core.reporting.intervals import difference_interval, verdict_of
-from tests.flows.flow_helpers import artifacts, inject_faults, task_runs
+from tests.flows.flow_helpers import artifacts, inject_faults, kill_when, task_runs
 
 ITERATIONS = 2
 # Two members at a time on the session's 4-CPU Ray: each asks one env worker and one trainer rank.
@@ -96,6 +101,47 @@ def test_a_failed_member_resumes_bit_identical_when_the_sweep_runs_again(swept, 
         "drill-learning_rate-0.001-s0"]
     resumed = _sweep(store, "drill", seeds=[0], grid={"learning_rate": [1e-3]}).result()
     assert resumed["members"][0]["policy_sha256"] == expected
+
+
+def _sweep_command(store: str, name: str) -> list[str]:
+    """`gymflow sweep run` of the module's sweep (seeds 0 and 1 over GRID, OPTIONS on every member) under `name`."""
+    grid = [arg for key, values in GRID.items() for arg in ("--grid", f"{key}={','.join(map(str, values))}")]
+    sets = [arg for key, value in OPTIONS.items() for arg in ("--set", f"{key}={value}")]
+    return [sys.executable, "-m", "flows.tooling.cli", "sweep", "run", name, "--seeds", "0,1", *grid, *sets,
+            "--store", store, "--max-concurrent", "2"]
+
+
+@pytest.mark.slow
+def test_a_sweep_command_sigkilled_midway_ends_bit_identical_when_run_again(swept, tmp_path: Path) -> None:
+    """The real command, its whole process group SIGKILLed once a member has committed version 1 and not its last,
+    with one member stalled in its training of iteration 1 (so the sweep cannot end first); the same command again
+    ends every member bit-identical to the undisturbed sweep, every version verifying, and reports none missing."""
+    expected = {m["member"].removeprefix("lr-"): m["policy_sha256"] for m in swept[1].result()["members"]}
+    runs = tmp_path / "runs"
+    command = _sweep_command(f"file://{runs}", "killed")
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GYMFLOW_FAULT_DIR": str(faults),
+           "GYMFLOW_FAULTS": "train.epoch_end:iteration=1,rank=0,epoch=0,action=stall"}  # one member, once
+
+    def midway() -> list[Path]:
+        """The members that have committed version 1 and not their last."""
+        return [m for m in runs.glob("killed-*") if (m / "checkpoints" / "versions" / "00000001.commit").exists()
+                and not (m / "checkpoints" / "versions" / f"{ITERATIONS:08d}.commit").exists()]
+
+    kill_when(command, env, lambda: any(faults.iterdir()) and bool(midway()), 600,
+              "saw a member commit version 1 and stall in iteration 1")
+    assert not (runs / "killed" / "report.json").exists()  # killed before the sweep's end
+    done = subprocess.run(command, env=env, start_new_session=True, capture_output=True, text=True, timeout=900,
+                          check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["missing"] == []
+    report = json.loads((runs / "killed" / "report.json").read_text())
+    assert report["missing"] == [] and report["failed"] == {}
+    assert {m["member"].removeprefix("killed-"): m["policy_sha256"] for m in report["members"]} == expected
+    for member in report["members"]:
+        store = CheckpointStore(f"{runs}/{member['member']}/checkpoints")
+        assert store.latest() == ITERATIONS and store.verify()["errors"] == {}
 
 
 @pytest.mark.slow

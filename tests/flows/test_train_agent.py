@@ -6,10 +6,8 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -17,8 +15,7 @@ import pytest
 from rl_core.checkpoint import CheckpointStore
 from rl_core.checkpoint.cli import main as checkpoint_cli
 from rl_core.data import read_tensors
-from rl_core.runtime.local_ray import kill_local_ray_of
-from tests.flows.flow_helpers import check_run_artifacts, inject_faults, task_runs
+from tests.flows.flow_helpers import check_run_artifacts, inject_faults, kill_when, task_runs
 from tests.smollm2 import smollm2_gguf
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api", "local_ray")]
@@ -171,17 +168,7 @@ def test_sigkill_of_the_process_group_mid_episode_then_resume(tmp_path, self_che
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "GYMFLOW_FAULT_DIR": str(faults),
            "GYMFLOW_FAULTS": "program.call_recorded:iteration=1,chunk=0,group=1,sample=2,call=1,action=stall"}
     calls = tmp_path / "runs" / "killed" / "steps" / "000001" / "calls" / "chunk-000"
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 240
-        while not any(faults.iterdir()):
-            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "the run never reached iteration 1's rollout"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        kill_local_ray_of(proc.pid)
+    kill_when(cmd, env, lambda: any(faults.iterdir()), 240, "reached iteration 1's rollout")
     recorded = sorted(calls.glob("*/call-*.json"))
     assert recorded and not (tmp_path / "runs" / "killed" / "trajectories" / "000001" / "chunk-000.safetensors").exists()
     done = subprocess.run(cmd, env=env, start_new_session=True, capture_output=True, text=True, timeout=600,
@@ -219,17 +206,8 @@ def test_sigkill_of_the_process_group_mid_rollout_then_resume(tmp_path, referenc
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "GYMFLOW_FAULT_DIR": str(faults),
            "GYMFLOW_FAULTS": "rollout.chunk_written:iteration=1,chunk=0,action=stall"}
     chunk = tmp_path / "runs" / "killed" / "trajectories" / "000001" / "chunk-000.safetensors"
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 240
-        while not any(faults.iterdir()):  # the stall fired: chunk 0 is written, chunk 1 is not
-            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "the run never reached iteration 1's rollout"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the flow, its Prefect API and its Ray: a machine that died
-        proc.wait()
-        kill_local_ray_of(proc.pid)
+    # the stall fired: chunk 0 is written, chunk 1 is not
+    kill_when(cmd, env, lambda: any(faults.iterdir()), 240, "reached iteration 1's rollout")
     assert chunk.exists() and not chunk.with_name("chunk-001.safetensors").exists()
     written = chunk.stat().st_mtime_ns
     assert CheckpointStore(f"{tmp_path}/runs/killed/checkpoints").versions() == [0, 1]
