@@ -164,6 +164,7 @@ def curves_png(spec: SweepSpec, members: list[Member]) -> bytes:
 
     matplotlib.use("Agg")  # no display needed, on any machine
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter, MaxNLocator
 
     x_field, y_field = CURVE[spec.flow]
     groups: dict[str, list[Member]] = {}
@@ -179,6 +180,8 @@ def curves_png(spec: SweepSpec, members: list[Member]) -> bytes:
                       label=f"seed {member.seed}")
         axis.set_title(group, fontsize=9)
         axis.set_xlabel(x_field.replace("_", " "))
+        axis.xaxis.set_major_formatter(EngFormatter(sep=""))  # 200k, not 200000 (long counts overlapped)
+        axis.xaxis.set_major_locator(MaxNLocator(5))
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     axes[0][0].set_ylabel(y_field.replace("_", " "))

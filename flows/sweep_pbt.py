@@ -2,7 +2,8 @@
 iterations; after each, the bottom quantile forks (zero-copy) from the top and perturbs its mutable fields.
 
     for each generation g, ending at version e_g (g+1 intervals; the last one at the run's iterations):
-        every member's current run trains to e_g and is evaluated (subflows, at most max_concurrent at a time)
+        every member's current run trains to e_g and is evaluated (subflows, at most max_concurrent at a time;
+        `stop_after` e_g, so its schedules span all its iterations as an uninterrupted run's do)
         unless it is the last: decide (rl_core.population.pbt, seeded by the sweep and g)
                                each exploiting member forks its source's version e_g as the run <member>-g<g+1>,
                                with its own seed and the perturbed values; that run is its current run from then on
@@ -68,7 +69,7 @@ def train_population(spec: SweepSpec, members: list[Member], log: Any) -> tuple[
             record["exploits"] = decision(spec, generation, record)
             for exploit in record["exploits"]:
                 slots[exploit["member"]] = fork_member(spec, by_name[exploit["member"]], slots[exploit["source"]],
-                                                       exploit["values"], generation, end, ends[generation + 1])
+                                                       exploit["values"], generation, end)
             log.info("sweep %s, generation %d (version %d): %s", spec.name, generation, end,
                      "; ".join(f"{e['member']} <- {e['source']} {e['values']}" for e in record["exploits"]))
         records.append(record)
@@ -80,7 +81,7 @@ def train_generation(spec: SweepSpec, slots: dict[str, Slot], generation: int, e
     """Every member's current run trained to version `end` (the recorded ones skipped); their results, and the
     members that failed with why."""
     page = f"{spec.page}/pbt/g{generation}"
-    todo = {m: (s["run"], {**s["options"], "iterations": end}) for m, s in slots.items()
+    todo = {m: (s["run"], {**s["options"], "stop_after": end}) for m, s in slots.items()
             if read_record(f"{page}/{m}.json") is None}
     failed = train_members(spec, todo, page)
     return {m: None if m in failed else read_record(f"{page}/{m}.json") for m in slots}, failed
@@ -103,7 +104,7 @@ def decision(spec: SweepSpec, generation: int, record: dict[str, Any]) -> list[d
 
 
 def fork_member(spec: SweepSpec, member: Member, source: Slot, values: dict[str, Any], generation: int,
-                version: int, next_end: int) -> Slot:
+                version: int) -> Slot:
     """`member`'s next run: a zero-copy fork of `source`'s run at `version` (made now, unless an earlier sweep run
     made it), with the member's seed and the perturbed `values`. Returns the member's new slot."""
     run = f"{member.name}-g{generation + 1}"
@@ -115,8 +116,7 @@ def fork_member(spec: SweepSpec, member: Member, source: Slot, values: dict[str,
         made = None
     if made is None:
         changes = {("algorithm." if k in spec.algorithm_fields() else "") + k: v for k, v in values.items()}
-        plan = plan_fork(spec.store, source["run"], run, version,
-                         {**changes, "seed": member.seed, "iterations": next_end})
+        plan = plan_fork(spec.store, source["run"], run, version, {**changes, "seed": member.seed})
         borrow(plan)
     elif (made.get("forked_from") or {}).get("run") != source["run"] or made["forked_from"]["version"] != version:
         raise ConfigError(f"run {run} exists under {spec.store} and is not the fork of {source['run']}@{version} "

@@ -37,7 +37,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.run import progress
 from flows.run.commit_pipeline import CommitPipeline, Landed
-from flows.run.parameters import with_launch_options
+from flows.run.parameters import STOP_AFTER, last_iteration, with_launch_options
 from flows.run.report import RunReport, numbers
 from flows.run.start import start_run
 from flows.run.store_credentials import CREDENTIALS_BLOCK
@@ -87,14 +87,16 @@ def report_landed(report: RunReport, done: Landed) -> float:
 
 
 @flow(name="train-agent", task_runner=ThreadPoolTaskRunner(max_workers=16))
-@with_launch_options(CREDENTIALS_BLOCK, agent_launch_options())
+@with_launch_options({**CREDENTIALS_BLOCK, **STOP_AFTER}, agent_launch_options())
 def train_agent(**options: Any) -> dict:
-    """Train the agent until the run has `iterations` iterations, then evaluate on held-out problems; returns the
-    run's summary. The same run name continues the run; reusing it with other settings is refused, naming the
-    fields."""
+    """Train the agent until the run has `iterations` iterations (or `stop_after`), then evaluate on held-out
+    problems; returns the run's summary. The same run name continues the run; reusing it with other settings is
+    refused, naming the fields."""
     started = time.perf_counter()
     credentials = options.pop("store_credentials_block", None)
+    stop_after = options.pop("stop_after", None)
     cfg = build_agent_config(**options)
+    end = last_iteration(cfg, stop_after)
     logger = get_run_logger()
     run, lease = start_run(cfg, credentials)
     actors = AgentActors(cfg)
@@ -114,12 +116,12 @@ def train_agent(**options: Any) -> dict:
         version, incarnation = start["version"], step_incarnation(run.incarnation, start)
         warm = evaluate(cfg, actors, incarnation, 0)
         logger.info("warm start (v0): held-out accuracy %.3f, mean reward %.3f", warm["accuracy"], warm["mean_reward"])
-        progress.start(version, cfg.iterations)
+        progress.start(version, end)
         report = RunReport(cfg, "agent", done=version)
         clock = IterationClock()
         rolling = None  # with max_staleness >= 1: the next iteration's rollout, running while this one trains
         finishing: Rolled | None = None  # the iteration whose commit is in flight
-        for iteration in range(version, cfg.iterations):
+        for iteration in range(version, end):
             waits = StepWaits()
             try:
                 with waits("rollout"):
@@ -129,7 +131,7 @@ def train_agent(**options: Any) -> dict:
                     scored = score(cfg, incarnation, iteration, version, rolled["trajectories"])
                 shards = [train_shard.submit(cfg, actors, incarnation, iteration, version, k, scored["scored"])
                           for k in range(cfg.num_ranks)]
-                ahead = cfg.algorithm.max_staleness and iteration + 1 < cfg.iterations
+                ahead = cfg.algorithm.max_staleness and iteration + 1 < end
                 rolling = rollout.submit(cfg, actors, incarnation, iteration + 1,
                                          behaviour_version(cfg, iteration + 1)) if ahead else None
                 with waits("train"):

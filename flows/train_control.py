@@ -31,7 +31,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.run import progress
 from flows.run.commit_pipeline import CommitPipeline, Landed
-from flows.run.parameters import with_launch_options
+from flows.run.parameters import STOP_AFTER, last_iteration, with_launch_options
 from flows.run.report import RunReport, numbers
 from flows.run.start import start_run
 from flows.run.store_credentials import CREDENTIALS_BLOCK
@@ -88,17 +88,19 @@ def report_landed(report: RunReport, returns: RecentReturns, done: Landed) -> No
 
 
 @flow(name="train-control", task_runner=ThreadPoolTaskRunner(max_workers=16))
-@with_launch_options({**CREDENTIALS_BLOCK, "hyperparameters": (
+@with_launch_options({**CREDENTIALS_BLOCK, **STOP_AFTER, "hyperparameters": (
     Optional[dict[str, Any]], None, "The algorithm's fields over its task preset and the size preset (e.g. "
     "{\"learning_rate\": 1e-3}); a continued run must give the same")})
 def train_control(**options: Any) -> dict:
-    """Train until the run has `iterations` iterations, then evaluate; returns the run's summary.
+    """Train until the run has `iterations` iterations (or `stop_after`), then evaluate; returns the run's summary.
 
     The same run name continues the run; reusing it with other settings is refused, naming the fields.
     """
     started = time.perf_counter()
     credentials = options.pop("store_credentials_block", None)
+    stop_after = options.pop("stop_after", None)
     cfg = build_control_config(**options)
+    end = last_iteration(cfg, stop_after)
     run, lease = start_run(cfg, credentials)
     actors = ControlActors(cfg)
     report: RunReport | None = None
@@ -111,13 +113,13 @@ def train_control(**options: Any) -> dict:
         start = checkpoint_init(cfg, actors)
         commits = CommitPipeline(cfg, checkpoint_diff)
         version, incarnation = start["version"], step_incarnation(run.incarnation, start)
-        progress.start(version, cfg.iterations)
+        progress.start(version, end)
         report = RunReport(cfg, "control", done=version)
         returns = RecentReturns(cfg.env.num_envs)
         clock = IterationClock()
         collecting = None  # with overlap: the next iteration's simulate, running while this one trains
         finishing: Trained | None = None  # the iteration whose commit is in flight
-        for iteration in range(version, cfg.iterations):
+        for iteration in range(version, end):
             waits = StepWaits()
             try:
                 with waits("simulate"):
@@ -129,7 +131,7 @@ def train_control(**options: Any) -> dict:
                 shards = [train_shard.submit(cfg, actors, incarnation, iteration, version, k, scored["scored"])
                           for k in range(cfg.num_ranks)]
                 collecting = (simulate.submit(cfg, actors, incarnation, iteration + 1, version + 1)
-                              if cfg.overlap and iteration + 1 < cfg.iterations else None)
+                              if cfg.overlap and iteration + 1 < end else None)
                 with waits("train"):
                     trained = [s.result() for s in shards]
             finally:

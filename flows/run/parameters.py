@@ -8,11 +8,17 @@ deployment's parameter schema, validates `prefect deployment run --param k=v` an
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
+from rl_core.config.common import ConfigError
 from rl_core.config.launch_options import LaunchOption, launch_options
 
 F = TypeVar("F", bound=Callable[..., Any])
+STOP_AFTER = {"stop_after": (
+    Optional[int], None, "Stop this flow run once the run has this many iterations, and evaluate that version; the "
+    "run's schedules (the learning rate's decay) still span `iterations`, so the next flow run continues it as if it "
+    "had never stopped (how a population-based sweep trains its members in generations)")}
+"""The flows' parameter (beside their launch options) that ends a flow run early without shortening the run."""
 
 
 def with_launch_options(extra: dict[str, tuple[Any, Any, str]] | None = None,
@@ -37,3 +43,14 @@ def with_launch_options(extra: dict[str, tuple[Any, Any, str]] | None = None,
         return fn
 
     return decorate
+
+
+def last_iteration(cfg: Any, stop_after: int | None) -> int:
+    """Where this flow run stops: the run's `iterations`, or `stop_after` before them (ConfigError past them, naming
+    both: the run's length is `iterations`)."""
+    if stop_after is None:
+        return cfg.iterations
+    if not 1 <= stop_after <= cfg.iterations:
+        raise ConfigError(f"stop_after: {stop_after} is not within the run's 1..{cfg.iterations} iterations "
+                          "(iterations sets the run's length)")
+    return stop_after

@@ -223,10 +223,11 @@ class SweepSpec(BaseModel):
         return out
 
     def mutable_values(self, cfg: ControlRunConfig | AgentRunConfig) -> dict[str, Any]:
-        """The `pbt.mutable` fields' values in a member's configuration (given, or its presets')."""
+        """The `pbt.mutable` fields' values in a member's configuration (given, or its presets'), by name (the order
+        decisions draw them in, whatever the spec's order)."""
         values = cfg.model_dump()
         out: dict[str, Any] = {}
-        for key in self.pbt.mutable if self.pbt else ():
+        for key in sorted(self.pbt.mutable if self.pbt else ()):
             option = self.option_table().get(key)
             path = option.path if option is not None and option.path else ("algorithm", key)
             value: Any = values

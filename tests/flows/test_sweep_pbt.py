@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -18,8 +16,7 @@ from rl_core.checkpoint import CheckpointStore
 from rl_core.config.common import ConfigError
 from rl_core.config.sweep import load_spec
 from rl_core.population.pbt import decide, ranked
-from rl_core.runtime.local_ray import kill_local_ray_of
-from tests.flows.flow_helpers import artifacts
+from tests.flows.flow_helpers import artifacts, kill_when
 
 NAME = "pop"
 SPEC = {"seeds": [0, 1], "grid": {"learning_rate": [1e-3, 3e-4]},
@@ -94,6 +91,11 @@ def test_a_population_exploits_by_zero_copy_forks_and_draws_its_lineage(populati
         store = CheckpointStore(f"{folder}/{row['run']}/checkpoints")
         assert store.latest() == 4 and store.verify()["errors"] == {}
     assert [g["version"] for g in report["generations"]] == [2, 4]
+    from flows.train_control import train_control
+
+    kept = next(m for m in load_spec({"name": NAME, **SPEC}).members() if m.name != exploit["member"])
+    alone = train_control(**{**kept.options, "run_name": "alone", "store": f"file://{folder}/alone"})
+    assert alone["policy_sha256"] == rows[kept.name]["policy_sha256"]  # generations do not change how a run learns
     assert report["missing"] == [] and report["failed"] == {} and report["groups"][0]["members"] == 4
     page = folder / NAME
     assert (page / "lineage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -116,17 +118,8 @@ def test_a_population_killed_mid_generation_and_run_again_ends_bit_identical(pop
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "GYMFLOW_FAULT_DIR": str(faults),
            "GYMFLOW_FAULTS": "simulate.rollout_end:iteration=3,worker=0,action=stall"}
     decision = tmp_path / "runs" / NAME / "pbt" / "g0.json"
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while not (decision.exists() and any(faults.iterdir())):
-            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "the sweep never reached generation 1's stalled iteration"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        kill_local_ray_of(proc.pid)
+    kill_when(cmd, env, lambda: decision.exists() and any(faults.iterdir()), 300,
+              "reached generation 1's stalled iteration")
     assert not (tmp_path / "runs" / NAME / "report.json").exists()
     env.pop("GYMFLOW_FAULTS")
     done = subprocess.run(cmd, env=env, start_new_session=True, capture_output=True, text=True, timeout=900)
