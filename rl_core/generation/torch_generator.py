@@ -9,8 +9,9 @@ the following step, so no row decodes padding while requests wait. Every step sa
 
 A request's random stream is a pure function of its seed counters: at admission it draws its `max_tokens`
 uniforms, and its token t is drawn from the sampled distribution by inverting that distribution's CDF at uniform t.
-So a sample's tokens do not depend on which requests shared its batch or slot (its log-probs can move in the last
-float bits with the batch's size, as any batched matmul's).
+So a sample's tokens do not depend on which requests shared its batch or slot, nor, on CPU, do its log-probs (the
+model computes each row the same whatever shares the call: `rl_core.policies.llama`); on a GPU they can move in the
+last float bits with the batch's size, as any batched matmul's.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The key/value caches of LlamaLM's two decoding paths, and the precision attention runs in.
+"""The key/value caches of LlamaLM's two decoding paths.
 
 `KVCache`: rows that share one length (a prompt's prefill, then its G samples decoded together). `SlotCache`:
-continuous batching's slots, each at its own length. Why attention runs in float64 on CPU: `rl_core.policies.llama`.
+continuous batching's slots, each at its own length.
 """
 from __future__ import annotations
 
@@ -12,11 +12,6 @@ import torch
 
 if TYPE_CHECKING:
     from rl_core.policies.llama_spec import LlamaSpec
-
-
-def attention_dtype(device: torch.device | str) -> torch.dtype:
-    """The precision attention runs in on `device`: float64 on CPU (why: `rl_core.policies.llama`'s docstring), else float32."""
-    return torch.float64 if torch.device(device).type == "cpu" else torch.float32
 
 
 @dataclass
@@ -56,8 +51,8 @@ class KVCache:
 class SlotCache:
     """Keys and values of `slots` independent sequences, each at its own length: the cache of continuous batching,
     where a finished sequence's slot is refilled by a new prompt while the others keep decoding. Per layer one
-    (slots, kv_heads, capacity, head_dim) pair; `lengths[s]` positions of slot s are filled. In `attention_dtype` by
-    default: decoding attends in the cache's precision, and keeping keys there saves converting them every step."""
+    (slots, kv_heads, capacity, head_dim) pair; `lengths[s]` positions of slot s are filled. In float32 by default,
+    the keys' own precision: the fixed-order attention reads them as a full forward's attention does."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
@@ -65,10 +60,9 @@ class SlotCache:
 
     @classmethod
     def allocate(cls, spec: LlamaSpec, slots: int, capacity: int, *, device: torch.device | str = "cpu",
-                 dtype: torch.dtype | None = None) -> SlotCache:
+                 dtype: torch.dtype = torch.float32) -> SlotCache:
         """Empty slots of up to `capacity` positions each."""
         shape = (slots, spec.num_key_value_heads, capacity, spec.head_dim)
-        dtype = dtype or attention_dtype(device)
         return cls([torch.zeros(shape, device=device, dtype=dtype) for _ in range(spec.num_hidden_layers)],
                    [torch.zeros(shape, device=device, dtype=dtype) for _ in range(spec.num_hidden_layers)],
                    torch.zeros(slots, dtype=torch.long, device=device))

@@ -7,10 +7,14 @@ Saving and loading in HF's directory layout is `rl_core.policies.pretrained`.
 
 Built so that decoding one token at a time and a full forward over the same tokens give the same bits (the
 generator's behaviour log-probs equal the trainer's recomputation exactly): the projections run on oneDNN, whose rows
-do not depend on the rows sharing a call (`onednn_linear`), and attention, whose sums run over different lengths and
-orders in the two paths, is computed in float64 and rounded back to float32, which hides those orders' differences.
-Measured on SmolLM2-135M: max |difference| 3.7e-5 before, 0.0 after. Both are CPU measures; on a GPU (float64 slow,
-cuBLAS's own rounding) attention keeps the model's dtype.
+do not depend on the rows sharing a call (`onednn_linear`), and both paths attend through one kernel that computes
+every output element by the same operations in the same order whatever the shapes of the call
+(`gymflow_kernels.causal_attention`). BLAS cannot promise that: its gemm rounds an element differently with the
+call's M and N, a softmax and P @ V sum over as many keys as the call holds, and decoding (one query per row, each
+row at its own position) and a full forward (T queries over T keys) call them in different shapes; attention in
+float64 rounded back to float32 hid those differences almost always, not always. The kernel runs on CPU in float32;
+elsewhere (a GPU, a CPU without a C++ compiler) attention is PyTorch's scaled_dot_product_attention, in float64 on a
+CPU and in the model's dtype on a GPU (where float64 is slow and cuBLAS rounds its own way).
 """
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rl_core.policies.kv_cache import KVCache, SlotCache, attention_dtype
+from gymflow_kernels.causal_attention import causal_attention, causal_attention_reference, fixed_order_applies
+from rl_core.policies.kv_cache import KVCache, SlotCache
 from rl_core.policies.llama_spec import LlamaSpec
 from rl_core.policies.lora import LoRALinear, adapter_state, has_lora, load_adapter_state
 from rl_core.policies.onednn_linear import Linear
@@ -55,7 +60,6 @@ class Attention(nn.Module):
     def __init__(self, spec: LlamaSpec):
         super().__init__()
         self.head_dim = spec.head_dim
-        self.kv_groups = spec.num_attention_heads // spec.num_key_value_heads
         self.q_proj = _linear(spec.hidden_size, spec.num_attention_heads * spec.head_dim)
         self.k_proj = _linear(spec.hidden_size, spec.num_key_value_heads * spec.head_dim)
         self.v_proj = _linear(spec.hidden_size, spec.num_key_value_heads * spec.head_dim)
@@ -76,21 +80,15 @@ class Attention(nn.Module):
             past[0][:, :, start:start + steps] = k
             past[1][:, :, start:start + steps] = v
             keys, values = past[0][:, :, :start + steps], past[1][:, :, :start + steps]
-        # In attention_dtype, rounded back: on CPU the same bits as decoding's attention (see the module's docstring).
-        dtype = attention_dtype(x.device)
-        keys = keys.to(dtype).repeat_interleave(self.kv_groups, dim=1)  # kv head h serves query heads [h*g, (h+1)*g)
-        values = values.to(dtype).repeat_interleave(self.kv_groups, dim=1)
-        # Query i sits at position start + i and sees keys 0 .. start + i; one new token sees every key.
-        mask = None if steps == 1 else torch.ones(steps, start + steps, dtype=torch.bool, device=x.device).tril(start)
-        y = F.scaled_dot_product_attention(q.to(dtype), keys, values, attn_mask=mask).to(x.dtype)
-        return self.o_proj(y.transpose(1, 2).reshape(batch, steps, -1)), k, v
+        first = torch.full((batch,), start, dtype=torch.long, device=x.device)  # row b's query i: position start + i
+        y = _attention(q, keys, values, first)
+        return self.o_proj(y.reshape(batch, steps, -1)), k, v
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               rows: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """(B, 1, hidden) output for one new token per row, row r at its own position `positions[r]`; its key and
-        value are written into `keys`/`values` (B, kv_heads, capacity, head_dim) at that position. `bias`
-        (B, 1, 1, visible) is -inf where row r must not look (past its position: stale or empty slot); positions
-        from `visible` on are seen by no row and not read."""
+               rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(B, 1, hidden) output for one new token per row, row r at its own position `positions[r]`, seeing keys
+        0 .. positions[r]; its key and value are written into `keys`/`values` (B, kv_heads, capacity, head_dim) at
+        that position. Positions past a row's own (a stale or empty slot) are not read."""
         batch = x.shape[0]
         q = self.q_proj(x).view(batch, 1, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, 1, -1, self.head_dim).transpose(1, 2)
@@ -98,13 +96,18 @@ class Attention(nn.Module):
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         keys[rows, :, positions] = k[:, :, 0].to(keys.dtype)
         values[rows, :, positions] = v[:, :, 0].to(values.dtype)
-        visible = bias.shape[-1]
-        # One query per row: attention as two small matmuls, the query heads of a kv head side by side (GQA without
-        # repeating keys), cheaper here than scaled_dot_product_attention's masked path; in the cache's precision.
-        q = q.reshape(batch, keys.shape[1], self.kv_groups, self.head_dim).to(keys.dtype)
-        scores = (q @ keys[:, :, :visible].transpose(-1, -2)) * self.head_dim ** -0.5 + bias
-        y = scores.softmax(dim=-1) @ values[:, :, :visible]  # (B, kv_heads, groups, head_dim)
-        return self.o_proj(y.to(x.dtype).reshape(batch, 1, -1))
+        return self.o_proj(_attention(q, keys, values, positions).reshape(batch, 1, -1))
+
+
+def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """(B, T, heads, head_dim) attention of queries `q` (B, heads, T, head_dim), row b's query i at position
+    first[b] + i seeing keys 0 .. first[b] + i of `keys`/`values` (B, kv_heads, >= that, head_dim): the fixed-order
+    kernel where it applies, else scaled_dot_product_attention (see the module's docstring)."""
+    if fixed_order_applies(q, keys, values):
+        return causal_attention(q, keys, values, first)
+    dtype = torch.float64 if q.is_cpu else q.dtype
+    y = causal_attention_reference(q.to(dtype), keys.to(dtype), values.to(dtype), first)
+    return y.to(q.dtype)
 
 
 class MLP(nn.Module):
@@ -138,8 +141,8 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               rows: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn.decode(self.input_layernorm(x), cos, sin, keys, values, rows, positions, bias)
+               rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.decode(self.input_layernorm(x), cos, sin, keys, values, rows, positions)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -183,13 +186,9 @@ class Decoder(nn.Module):
         cos, sin = self._rotary(positions.to(torch.float32)[:, None])  # (B, 1, head_dim)
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, 1, head_dim): broadcast over heads
         rows = torch.arange(batch, device=input_ids.device)
-        # Row r sees its slot's keys 0 .. positions[r] (the new one included); the same for every layer.
-        visible = torch.arange(int(positions.max()) + 1, device=input_ids.device) <= positions[:, None]
-        bias = torch.zeros(visible.shape, device=input_ids.device, dtype=cache.keys[0].dtype)
-        bias = bias.masked_fill_(~visible, float("-inf"))[:, None, None]
         x = self.embed_tokens(input_ids[:, None])
-        for i, layer in enumerate(self.layers):
-            x = layer.decode(x, cos, sin, cache.keys[i][:batch], cache.values[i][:batch], rows, positions, bias)
+        for i, layer in enumerate(self.layers):  # row r sees its slot's keys 0 .. positions[r], the new one included
+            x = layer.decode(x, cos, sin, cache.keys[i][:batch], cache.values[i][:batch], rows, positions)
         cache.lengths[:batch] += 1
         return self.norm(x)[:, 0]
 
