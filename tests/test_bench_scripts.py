@@ -68,3 +68,19 @@ print(json.dumps({"equal": int(equal.sum()), "compared": int(equal.size),
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["compared"] == 7 * 16
     assert out["equal"] >= out["compared"] - out["resets"] and out["equal"] > 0.8 * out["compared"], out
+
+
+@pytest.mark.slow
+def test_sweep_bench_runs_its_three_parts_at_their_smallest() -> None:
+    """Two members together and in turn, a queue of three through two slots, a fork of a 3-version run: the JSON
+    carries every figure, both sides trained the same weights, every queued member completed and verifies."""
+    command = [sys.executable, str(BENCH / "sweep.py"), "--members", "2", "--iterations", "1", "--queued", "3",
+               "--queue-limit", "2", "--versions", "3", "--params", "1000"]
+    proc = subprocess.run(command, cwd=BENCH.parent, text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"concurrent_over_sequential", "concurrent_env_steps_per_s", "sequential_env_steps_per_s", "queued_s",
+            "fork_bytes_fraction", "fork_s", "copy_s", "ray_start_s", "timed"} <= out.keys()
+    assert out["identical_work"] and out["concurrent_env_steps_per_s"] > 0 and out["sequential_env_steps_per_s"] > 0
+    assert out["queued_completed"] == 3 and out["queued_all_verified"]
+    assert 0 < out["fork_bytes"] < out["fork_run_bytes"]
