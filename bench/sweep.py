@@ -1,28 +1,29 @@
 """Many models at once: a sweep's members trained together against one after another, a long queue through the
 concurrency limit, and a fork of a long run, in one process (issue 46, item 5).
 
-1. Together or in turn: one spec of `--members` tiny control members (`--members / 2` seeds x 2 learning rates,
-   one env worker and one trainer rank each), swept twice under two names into two stores: all at once
-   (`max_concurrent` = `--members`), then one at a time (`max_concurrent` = 1). Both train the same members to the
-   same weights (`identical_work`: every member's policy hash equals its twin's). Timed on each side: the sweep
-   flow's call, from its start to its report written (the members' actors starting, their iterations and final
-   evaluations, the report). Counted on neither side: the interpreter and its imports, Prefect's temporary API, a
-   one-member warm-up sweep (the driver's first import of the control flow and its kernels' lookup), and Ray's start
-   (`ray_start_s`): one local Ray serves the whole bench, started first with the logical CPUs the concurrent sweep
-   asks for (`ensure_ray`: CPUs for `max_concurrent` members), which every sweep's own `ensure_ray` then finds
-   running. `concurrent_over_sequential_with_ray_start` adds that start to both sides, as two commands would each
-   pay it. The concurrent side runs first, so whatever running earlier warms helps the sequential side. Env steps/s:
-   every member's training env steps (their final evaluations not counted) over the side's wall time.
-   Where the time goes: `*_cores_busy`, the cores this bench's processes kept busy on average (2 is a saturated
-   2-core machine; `*_machine_cores_busy` above it is someone else's load), and `concurrent_last_start_s`, when the
-   last member's run began after the concurrent sweep's call (with a slot for every member, all begin at once
-   unless something holds them back).
+1. Together or in turn: one spec of `--members` control members of the `--preset` (tiny: the issue's members, whose
+   time is mostly start-up; `--members / 2` seeds x 2 learning rates, one env worker and one trainer rank each),
+   swept twice under two names into two stores: all at once (`max_concurrent` = `--members`), then one at a time
+   (`max_concurrent` = 1). Both train the same members to the same weights (`identical_work`: every member's policy
+   hash equals its twin's). Timed on each side: the sweep flow's call, from its start to its report written (the
+   members' actors starting, their iterations and final evaluations, the report). Counted on neither side: the
+   interpreter and its imports, Prefect's temporary API, a one-member warm-up sweep (the driver's first import of the
+   control flow and its kernels' lookup), and Ray's start (`ray_start_s`): one local Ray serves the whole bench,
+   started first with the logical CPUs the concurrent sweep asks for (`ensure_ray`: CPUs for `max_concurrent`
+   members), which every sweep's own `ensure_ray` then finds running. `concurrent_over_sequential_with_ray_start`
+   adds that start to both sides, as two commands would each pay it. The concurrent side runs first, so whatever
+   running earlier warms helps the sequential side. Env steps/s: every member's training env steps (their final
+   evaluations not counted) over the side's wall time. Where the time goes: `*_cores_busy`, the cores this bench's
+   processes kept busy on average (2 is a saturated 2-core machine; `*_machine_cores_busy` above it is someone else's
+   load), and `concurrent_last_start_s`, when the last member's run began after the concurrent sweep's call (with a
+   slot for every member, all begin at once unless something holds them back).
 2. The queue: `--queued` members (seeds 0..N-1) through `--queue-limit` at a time: how many completed, whether every
    committed version of every member verifies (`CheckpointStore.verify`), the wall time.
 3. Fork: bench/fork.py's measurement (`measure_fork`) of a `--versions`-version run: the fork's bytes written over
    the run's bytes (`fork_bytes_fraction`), and its seconds against a full copy's.
 
-    python bench/sweep.py [--members 8] [--iterations 2] [--preset tiny] [--queued 40] [--queue-limit 4] [--versions 100]
+    python bench/sweep.py [--members 8] [--iterations 2] [--preset tiny] [--queued 40] [--queue-limit 4]
+                          [--versions 100]
 
 Last line: one JSON object. Stores, Prefect's home and its temporary API's database live in a private temp dir,
 removed at exit.
@@ -46,13 +47,9 @@ LEARNING_RATES = (1e-3, 3e-4)
 """The grid of the together-or-in-turn sweeps: two groups, `--members / 2` seeds each."""
 
 
-PRESET = ["tiny"]
-"""The members' size preset (`--preset`): tiny by default, the issue's members, whose time is mostly start-up."""
-
-
-def member_options(iterations: int) -> dict[str, Any]:
-    """A control member of the `--preset`: one env worker and one trainer rank (two of Ray's logical CPUs)."""
-    return {"preset": PRESET[0], "iterations": iterations, "num_workers": 1, "num_ranks": 1}
+def member_options(preset: str, iterations: int) -> dict[str, Any]:
+    """A control member: one env worker and one trainer rank (two of Ray's logical CPUs)."""
+    return {"preset": preset, "iterations": iterations, "num_workers": 1, "num_ranks": 1}
 
 
 class CpuSeconds:
@@ -144,14 +141,14 @@ def outcome(spec: Any) -> dict[tuple[str, int], dict[str, Any]]:
     return found
 
 
-def together_or_in_turn(work: str, members: int, iterations: int, cpu: CpuSeconds) -> dict[str, Any]:
-    """Part 1: the same spec swept all at once, then one at a time."""
+def together_or_in_turn(work: str, members: int, options: dict[str, Any], cpu: CpuSeconds) -> dict[str, Any]:
+    """Part 1: the same spec (members of `options`) swept all at once, then one at a time."""
     from rl_core.config.sweep import load_spec
 
     sides: dict[str, tuple[Timed, dict]] = {}
     for side, max_concurrent in (("concurrent", members), ("sequential", 1)):
         spec = load_spec({"name": side, "seeds": list(range(members // 2)),
-                          "grid": {"learning_rate": LEARNING_RATES}, "options": member_options(iterations),
+                          "grid": {"learning_rate": LEARNING_RATES}, "options": options,
                           "store": f"file://{work}/{side}", "max_concurrent": max_concurrent})
         timed = timed_sweep(spec, cpu)
         if not timed.state.is_completed():
@@ -161,7 +158,7 @@ def together_or_in_turn(work: str, members: int, iterations: int, cpu: CpuSecond
               f"{timed.machine_cores_busy:.2f}), members began {[round(s, 1) for s in timed.member_starts_s]} s "
               "after the call", file=sys.stderr)
     (together, together_found), (in_turn, in_turn_found) = sides["concurrent"], sides["sequential"]
-    figures: dict[str, Any] = {"members": members, "iterations": iterations,
+    figures: dict[str, Any] = {"members": members, "preset": options["preset"], "iterations": options["iterations"],
                                "concurrent_over_sequential": round(in_turn.wall_s / together.wall_s, 3)}
     for side, (timed, found) in sides.items():
         figures.update({f"{side}_s": round(timed.wall_s, 2),
@@ -176,11 +173,11 @@ def together_or_in_turn(work: str, members: int, iterations: int, cpu: CpuSecond
     return figures
 
 
-def queue(work: str, queued: int, limit: int, iterations: int, cpu: CpuSeconds) -> dict[str, Any]:
-    """Part 2: `queued` members through `limit` at a time."""
+def queue(work: str, queued: int, limit: int, options: dict[str, Any], cpu: CpuSeconds) -> dict[str, Any]:
+    """Part 2: `queued` members of `options` through `limit` at a time."""
     from rl_core.config.sweep import load_spec
 
-    spec = load_spec({"name": "queue", "seeds": list(range(queued)), "options": member_options(iterations),
+    spec = load_spec({"name": "queue", "seeds": list(range(queued)), "options": options,
                       "store": f"file://{work}/queue", "max_concurrent": limit})
     timed = timed_sweep(spec, cpu)
     found = outcome(spec)
@@ -213,7 +210,6 @@ def main() -> None:
     parser.add_argument("--params", type=int, default=250_000,
                         help="float32 entries of each of the forked run's 3 tensors (bench/fork.py's --params)")
     args = parser.parse_args()
-    PRESET[0] = args.preset
     if args.members < 2 or args.members % 2:
         parser.error(f"--members: an even number >= 2 (seeds x {len(LEARNING_RATES)} learning rates), "
                      f"got {args.members}")
@@ -228,7 +224,8 @@ def main() -> None:
 
     guard()  # the API server and Ray end with this process, even a SIGKILLed one
     api = start_temporary_api()
-    cpus = max(args.members, args.queue_limit) * actor_cpus(build_control_config(**member_options(1)))
+    options = member_options(args.preset, args.iterations)
+    cpus = max(args.members, args.queue_limit) * actor_cpus(build_control_config(**options))
     started = time.perf_counter()
     ensure_ray(cpus)
     ray_start_s = time.perf_counter() - started
@@ -236,10 +233,10 @@ def main() -> None:
         with api_for_the_run(api):
             cpu = CpuSeconds()
             warmup = timed_sweep(load_spec({"name": "warmup", "grid": {"learning_rate": LEARNING_RATES[:1]},
-                                            "options": member_options(args.iterations),
+                                            "options": options,
                                             "store": f"file://{work}/warmup"}), cpu)
-            result = {**together_or_in_turn(str(work), args.members, args.iterations, cpu),
-                      **queue(str(work), args.queued, args.queue_limit, args.iterations, cpu)}
+            result = {**together_or_in_turn(str(work), args.members, options, cpu),
+                      **queue(str(work), args.queued, args.queue_limit, options, cpu)}
     finally:
         shutdown_local_ray()
         if api is not None:
