@@ -96,10 +96,10 @@ def sweep(name: str, flow: str = "control", seeds: list[int] | None = None,
 def train_grid(spec: SweepSpec, members: list[Member]) -> tuple[dict[str, dict[str, Any] | None], dict[str, str]]:
     """Each member trained to its iterations on its own, the finished ones skipped; their results (None where a
     member has none) and the members that failed, with why."""
-    page = f"{spec.page}/members"
     results = {m.name: recorded_result(spec, m) for m in members}
-    failed = train_members(spec, {m.name: (m.name, m.options) for m in members if results[m.name] is None}, page)
-    return {m: r or (None if m in failed else read_record(f"{page}/{m}.json")) for m, r in results.items()}, failed
+    done, failed = train_members(spec, {m.name: (m.name, m.options) for m in members if results[m.name] is None},
+                                 f"{spec.page}/members")
+    return {**results, **done}, failed
 
 
 def record_identity(spec: SweepSpec) -> None:

@@ -34,22 +34,27 @@ def sweep_member(kind: str, name: str, options: dict[str, Any], record: str) -> 
     return result
 
 
-def train_members(spec: SweepSpec, runs: dict[str, tuple[str, dict[str, Any]]], page: str) -> dict[str, str]:
+def train_members(spec: SweepSpec, runs: dict[str, tuple[str, dict[str, Any]]], page: str) -> tuple[
+        dict[str, dict[str, Any]], dict[str, str]]:
     """Train each member's run (member -> (run name, launch options)) at most `max_concurrent` at a time, each result
-    recorded at `<page>/<member>.json`; returns the members that failed, with why (the others all have a record)."""
+    recorded at `<page>/<member>.json`; returns the results of those that completed and, for the others, why not."""
     with ThreadPoolTaskRunner(max_workers=spec.max_concurrent) as pool:
         futures = {member: pool.submit(sweep_member, {"kind": spec.flow, "name": run, "options": options,
                                                       "record": f"{page}/{member}.json"})
                    for member, (run, options) in runs.items()}
         wait(list(futures.values()))
-    return {member: future.state.message or future.state.name for member, future in futures.items()
-            if not future.state.is_completed()}
+    done = {member: future.result() for member, future in futures.items() if future.state.is_completed()}
+    return done, {member: future.state.message or future.state.name for member, future in futures.items()
+                  if member not in done}
 
 
 def read_record(url: str) -> Any | None:
     """The JSON record at `url`, None where there is none yet."""
     fs, path = fsspec.core.url_to_fs(url)
-    return json.loads(fs.cat_file(path)) if fs.exists(path) else None
+    try:
+        return json.loads(fs.cat_file(path))
+    except FileNotFoundError:
+        return None
 
 
 def write_record(url: str, value: Any) -> None:

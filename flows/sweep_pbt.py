@@ -81,10 +81,10 @@ def train_generation(spec: SweepSpec, slots: dict[str, Slot], generation: int, e
     """Every member's current run trained to version `end` (the recorded ones skipped); their results, and the
     members that failed with why."""
     page = f"{spec.page}/pbt/g{generation}"
-    todo = {m: (s["run"], {**s["options"], "stop_after": end}) for m, s in slots.items()
-            if read_record(f"{page}/{m}.json") is None}
-    failed = train_members(spec, todo, page)
-    return {m: None if m in failed else read_record(f"{page}/{m}.json") for m in slots}, failed
+    results = {m: read_record(f"{page}/{m}.json") for m in slots}
+    done, failed = train_members(spec, {m: (s["run"], {**s["options"], "stop_after": end}) for m, s in slots.items()
+                                        if results[m] is None}, page)
+    return {**results, **done}, failed
 
 
 def decision(spec: SweepSpec, generation: int, record: dict[str, Any]) -> list[dict[str, Any]]:
