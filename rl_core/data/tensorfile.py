@@ -4,17 +4,27 @@ Used for experience shards, scored batches and staged learner state: the things 
 other through the store, so a retried or resumed step reads exactly what its predecessor wrote. The header
 carries an XXH3-128 of the arrays (names, dtypes, shapes, bytes) and the meta, checked on every read: safetensors
 checks only that the header's offsets cover the file, so a damaged byte would otherwise read as another value.
+
+On a local store the file is written and read by safetensors itself (`save_file`, `safe_open`), straight between the
+arrays and the file: a staged learner state of a full fine-tune is 1.6 GB, and building it as one bytes object (and
+reading it back as one, then copying each array out) cost two more copies and their page faults per handoff. It is
+written beside its final name and renamed, so a reader never sees half a file. Other stores get one whole put.
 """
 from __future__ import annotations
 
 import json
+import os
+import secrets
 from typing import Any
 
 import fsspec
 import numpy as np
 import xxhash
+from fsspec.implementations.local import LocalFileSystem
+from safetensors import safe_open
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
+from safetensors.numpy import save_file as st_save_file
 
 _META_KEY = "gymflow"
 _DIGEST_KEY = "gymflow_xxh3"
@@ -31,9 +41,19 @@ def write_tensors(url: str, arrays: dict[str, np.ndarray], meta: dict[str, Any] 
     """Write `arrays` and JSON-able `meta` to `url` as one whole object; returns its size in bytes."""
     arrays = {k: _c_contiguous(v) for k, v in arrays.items()}
     meta_json = json.dumps(meta or {})
-    payload = st_save(arrays, metadata={_META_KEY: meta_json, _DIGEST_KEY: _digest(arrays, meta_json)})
+    metadata = {_META_KEY: meta_json, _DIGEST_KEY: _digest(arrays, meta_json)}
     fs, path = fsspec.core.url_to_fs(url)
     fs.makedirs(fs._parent(path), exist_ok=True)
+    if isinstance(fs, LocalFileSystem):
+        partial = f"{path}.partial-{secrets.token_hex(4)}"
+        try:
+            st_save_file(arrays, partial, metadata=metadata)
+            os.replace(partial, path)  # whole or not at all, as a put is
+        finally:
+            if os.path.exists(partial):
+                os.remove(partial)
+        return os.path.getsize(path)
+    payload = st_save(arrays, metadata=metadata)
     fs.pipe_file(path, payload)  # one whole put: no half-written object on object stores
     return len(payload)
 
@@ -61,26 +81,38 @@ def read_tensors(url: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Arrays and meta written by `write_tensors`."""
     fs, path = fsspec.core.url_to_fs(url)
     try:
-        payload = fs.cat_file(path)
+        arrays, meta_json, digest = _read_local(path) if isinstance(fs, LocalFileSystem) else _read_whole(fs, path)
+        meta = json.loads(meta_json)
     except FileNotFoundError:
         raise TensorFileError(f"{url} is missing: the step that writes it has not completed") from None
-    try:
-        arrays = st_load(payload)
-        meta_json, digest = _read_metadata(payload)
-        meta = json.loads(meta_json)
     except Exception as err:  # safetensors raises its own error types for truncated/garbled files
         raise TensorFileError(f"{url} is not a readable tensor file ({err}); rerun the step that writes it") from err
     if digest is not None and digest != _digest(arrays, meta_json):
         raise TensorFileError(f"{url} does not hold what was written: its arrays or meta no longer match the "
                               "checksum written with them (damaged in storage); rerun the step that writes it")
-    return {k: np.array(v) for k, v in arrays.items()}, meta
+    return arrays, meta
 
 
-def _read_metadata(payload: bytes) -> tuple[str, str | None]:
-    """The meta's JSON and the checksum from the safetensors header (8-byte little-endian length, then JSON). A file
-    written before the checksum existed holds the meta alone: any other key there means a damaged header."""
+def _read_local(path: str) -> tuple[Tensors, str, str | None]:
+    """(arrays, meta JSON, checksum) of a local file: each array copied once, from the file into its own memory."""
+    with safe_open(path, framework="np") as opened:
+        metadata = _checked_metadata(opened.metadata() or {})
+        arrays = {name: opened.get_tensor(name) for name in opened.keys()}  # noqa: SIM118 - not a dict
+    return arrays, metadata.get(_META_KEY, "{}"), metadata.get(_DIGEST_KEY)
+
+
+def _read_whole(fs: fsspec.AbstractFileSystem, path: str) -> tuple[Tensors, str, str | None]:
+    """(arrays, meta JSON, checksum) of an object read in one get."""
+    payload = fs.cat_file(path)
+    arrays = st_load(payload)
     size = int.from_bytes(payload[:8], "little")
-    metadata = json.loads(payload[8 : 8 + size]).get("__metadata__") or {}
+    metadata = _checked_metadata(json.loads(payload[8 : 8 + size]).get("__metadata__") or {})
+    return {k: np.array(v) for k, v in arrays.items()}, metadata.get(_META_KEY, "{}"), metadata.get(_DIGEST_KEY)
+
+
+def _checked_metadata(metadata: dict[str, str]) -> dict[str, str]:
+    """The header's metadata, as write_tensors writes it. A file written before the checksum existed holds the meta
+    alone: any other key there means a damaged header."""
     if _DIGEST_KEY not in metadata and set(metadata) - {_META_KEY}:
         raise ValueError(f"its header metadata holds {sorted(metadata)}, not what write_tensors writes")
-    return metadata.get(_META_KEY, "{}"), metadata.get(_DIGEST_KEY)
+    return metadata

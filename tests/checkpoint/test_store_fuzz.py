@@ -381,9 +381,13 @@ TENSOR_FILE_ARRAYS = {"obs": np.arange(12, dtype=np.float32).reshape(3, 4), "act
 TENSOR_FILE_META = {"iteration": 7, "version": 6, "worker": 1}
 
 
-@pytest.fixture(scope="module")
-def tensor_file() -> Iterator[tuple[str, bytes]]:
-    url = f"memory:///tensorfile-fuzz-{uuid.uuid4().hex}/experience-000.safetensors"
+@pytest.fixture(scope="module", params=["memory", "file"])
+def tensor_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[tuple[str, bytes]]:
+    """One file on an object-like store (read in one get) and one on local disk (read by safetensors' safe_open)."""
+    folder = (f"memory:///tensorfile-fuzz-{uuid.uuid4().hex}" if request.param == "memory"
+              else f"file://{tmp_path_factory.mktemp('tensorfile-fuzz')}")
+    url = f"{folder}/experience-000.safetensors"
     write_tensors(url, TENSOR_FILE_ARRAYS, TENSOR_FILE_META)
     fs, path = fsspec.core.url_to_fs(url)
     yield url, fs.cat_file(path)
