@@ -29,16 +29,19 @@ def committed(store: CheckpointStore, version: int) -> bool:
     return (store.latest() or 0) >= version
 
 
-def learner_state(store: CheckpointStore, layout: RunLayout, version: int, load: Loader | None = None) -> Tensors:
-    """Version `version`'s learner state: committed (read with `load`, `store.load` by default), or while its
-    commit is in flight the state staged for it."""
+def learner_state(store: CheckpointStore, layout: RunLayout, version: int, load: Loader | None = None,
+                  prefix: str | None = None) -> Tensors:
+    """Version `version`'s learner state (with `prefix`, the arrays whose names start with it: a policy's
+    `model.` weights without the optimizer's state): committed (read with `load`, `store.load` by default), or while
+    its commit is in flight the state staged for it."""
     if not committed(store, version):
         try:
-            return read_tensors(layout.staged_learner(version - 1))[0]
+            return read_tensors(layout.staged_learner(version - 1), prefix)[0]
         except TensorFileError:  # its commit landed meanwhile and removed it, or it is lost
             if not committed(store, version):
                 raise _lost(store, version, "the learner state its train_shard staged") from None
-    return (load or store.load)(version).tensors
+    tensors = (load or store.load)(version).tensors
+    return tensors if prefix is None else {name: value for name, value in tensors.items() if name.startswith(prefix)}
 
 
 def env_states(store: CheckpointStore, layout: RunLayout, version: int, load: Loader | None = None) -> Tensors:

@@ -25,7 +25,7 @@ from rl_core.data import RunLayout
 from rl_core.envs.registry import import_env_module
 from rl_core.generation import Generation, GenerationRequest, Generator
 from rl_core.generation.torch_generator import TorchGenerator
-from rl_core.policies.lm_policy import build_language_model, hf_state
+from rl_core.policies.lm_policy import PREFIX, build_language_model, hf_state
 from rl_core.runtime.faults import maybe_fail
 from rl_core.runtime.free_memory import release_free_memory
 from rl_core.runtime.local_ray import actor_cpus, actor_options, ensure_ray, wait_until_names_free
@@ -74,7 +74,7 @@ class GeneratorWorker:
         (`policy_sha256` of the version's `model.` tensors)."""
         if self.backend.version != version:
             maybe_fail("generator.sync", version=version)
-            weights = hf_state(learner_state(self.store, self.layout, version))
+            weights = hf_state(learner_state(self.store, self.layout, version, prefix=PREFIX))  # not Adam's
             self.backend.update_weights(weights, version)
             self._calls = 0
             self._sha256 = policy_sha256({f"model.{k}": v for k, v in weights.items()})
