@@ -86,10 +86,10 @@ class TemporaryApi:
         self.port = _free_port()
         with temporary_settings(updates=UNREAD_RECORDS_OFF):
             settings = get_current_settings().to_environment_variables(exclude_unset=True)
-        app_dir = Path(importlib.util.find_spec("prefect").origin).parent.parent  # type: ignore[arg-type]
-        self.process = subprocess.Popen(
+        app_dir = Path(importlib.util.find_spec("flows").origin).parent.parent  # type: ignore[arg-type]
+        self.process = subprocess.Popen(  # Prefect's app, locked-database answers retried (temporary_api_app)
             [sys.executable, "-m", "uvicorn", "--app-dir", str(app_dir), "--factory",
-             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+             "flows.tooling.temporary_api_app:create_app", "--host", "127.0.0.1", "--port", str(self.port),
              "--log-level", "error", "--lifespan", "on"],
             env={**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                  "PREFECT__SERVER_FINAL": "1", **settings})
