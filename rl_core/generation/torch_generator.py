@@ -162,10 +162,10 @@ class _ContinuousBatch:
         for prompt in taken:
             by_length.setdefault(len(prompt), []).append(prompt)
         for prompts in by_length.values():  # prompts of one length prefill together, one row each
-            logits, prefix = self.model(torch.tensor(prompts, device=device))
+            logits, prefix = self.model.prefill(torch.tensor(prompts, device=device))
             for row, prompt in enumerate(prompts):
                 self.cache.fill(taken[prompt], prefix, row)
-                self.next_logits[taken[prompt]] = logits[row, -1]
+                self.next_logits[taken[prompt]] = logits[row]
 
     def _sample(self, width: int) -> torch.Tensor:
         """Draw each live slot's next token from its sampled distribution; record token and log-prob."""

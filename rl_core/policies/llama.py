@@ -244,6 +244,16 @@ class LlamaLM(nn.Module):
                              f"{self.spec.max_position_embeddings})")
         return self.lm_head(self.model.decode(input_ids, cache))
 
+    def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, KVCache]:
+        """(B, vocab) logits of the last position of `input_ids` (B, T), and the cache of its T positions: what
+        generation needs of a prompt. The LM head, the widest product, runs at the last position alone; a row's
+        logits are the bits `forward` gives at that position (the projection's rows do not depend on each other)."""
+        if input_ids.ndim != 2 or input_ids.shape[1] > self.spec.max_position_embeddings:
+            raise ValueError(f"LlamaLM.prefill: expected input_ids of shape (batch, steps <= "
+                             f"{self.spec.max_position_embeddings}), found {tuple(input_ids.shape)}")
+        hidden, keys, values = self.model(input_ids, None)
+        return self.lm_head(hidden[:, -1]), KVCache(keys, values, input_ids.shape[1])
+
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The tensors HF saves: every parameter by name, without lm_head.weight when it is the tied embedding; a
         projection with a LoRA adapter as its merged weight (`lora.LoRALinear.merged_weight`)."""

@@ -145,3 +145,18 @@ def test_training_gradients_match_the_float64_attention_before_the_kernel(monkey
     reference = gradients()
     for (name, _), ours, theirs in zip(model.named_parameters(), kernel, reference):
         assert (ours - theirs).norm() <= 1e-5 * theirs.norm(), name  # float32's precision, over the whole model
+
+
+@pytest.mark.parametrize("spec", [SPEC, WIDE], ids=["gqa", "wide"])
+def test_prefill_gives_the_last_position_of_a_full_forward(spec: LlamaSpec) -> None:
+    """The generator's prefill runs the LM head at the last prompt position alone: the same logits and cache, bit for
+    bit, as the full forward's at that position, for one prompt and for several of one length together."""
+    model = LlamaLM(spec, seed=3).eval()
+    prompts = torch.randint(0, spec.vocab_size, (5, 17), generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode():
+        for batch in (prompts[:1], prompts):
+            logits, cache = model(batch)
+            last, prefix = model.prefill(batch)
+            assert torch.equal(last, logits[:, -1])
+            assert prefix.length == cache.length == batch.shape[1]
+            assert all(torch.equal(a, b) for a, b in zip(prefix.keys + prefix.values, cache.keys + cache.values))
