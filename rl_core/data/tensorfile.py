@@ -14,6 +14,8 @@ written beside its final name and renamed, so a reader never sees half a file. O
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
 import secrets
@@ -57,6 +59,9 @@ def write_tensors(url: str, arrays: dict[str, np.ndarray], meta: dict[str, Any] 
         finally:
             if os.path.exists(partial):
                 os.remove(partial)
+        for stale in glob.glob(f"{glob.escape(path)}.partial-*"):  # of writes of this file killed mid-way
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(stale)
         return os.path.getsize(path)
     payload = st_save(arrays, metadata=metadata)
     fs.pipe_file(path, payload)  # one whole put: no half-written object on object stores

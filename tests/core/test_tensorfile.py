@@ -36,8 +36,10 @@ def test_garbled_file_names_the_url(tmp_path) -> None:
 
 
 def test_a_local_write_leaves_no_partial_file_and_replaces_whole(tmp_path) -> None:
-    """Written beside its name and renamed: the folder holds the file alone, and a rewrite replaces it whole."""
+    """Written beside its name and renamed: the folder holds the file alone (what a killed write of it left is
+    removed), and a rewrite replaces it whole."""
     url = f"file://{tmp_path}/a.safetensors"
+    (tmp_path / "a.safetensors.partial-0bad").write_bytes(b"half")  # a write of it killed mid-way
     write_tensors(url, {"x": np.zeros(3)}, {"n": 1})
     size = write_tensors(url, {"x": np.arange(5.0), "flags": np.array([True, False])}, {"n": 2})
     assert [p.name for p in tmp_path.iterdir()] == ["a.safetensors"]
