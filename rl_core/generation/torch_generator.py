@@ -91,6 +91,22 @@ class TorchGenerator:
                              f"{[t for t in prompt if not 0 <= t < spec.vocab_size][:5]}")
 
 
+MIN_SHARED_PREFIX = 8
+"""Prompts admitted together that start with at least this many equal tokens prefill that start once."""
+
+
+def _shared_start(prompts: list[tuple[int, ...]]) -> int:
+    """How many first tokens every one of several prompts shares, leaving each at least one of its own (its last
+    position's logits come from its own prefill); 0 for one prompt."""
+    if len(prompts) < 2:
+        return 0
+    first, limit = prompts[0], min(len(p) for p in prompts) - 1
+    length = 0
+    while length < limit and all(p[length] == first[length] for p in prompts):
+        length += 1
+    return length
+
+
 class _ContinuousBatch:
     """The state of one `generate` call: waiting requests, the slots' sequences, their outputs."""
 
@@ -158,11 +174,16 @@ class _ContinuousBatch:
             for seq in request.params.stop:
                 self.stop_member[slot, self.stop_index[seq]] = True
         device = self.next_logits.device
+        shared, start = _shared_start(list(taken)), None
+        if shared >= MIN_SHARED_PREFIX:  # a system prompt, a task's preamble: prefilled once for every prompt
+            _, start = self.model.prefill(torch.tensor([next(iter(taken))[:shared]], device=device))
+        else:
+            shared = 0
         by_length: dict[int, list[tuple[int, ...]]] = {}
         for prompt in taken:
             by_length.setdefault(len(prompt), []).append(prompt)
         for prompts in by_length.values():  # prompts of one length prefill together, one row each
-            logits, prefix = self.model.prefill(torch.tensor(prompts, device=device))
+            logits, prefix = self.model.prefill(torch.tensor([p[shared:] for p in prompts], device=device), start)
             for row, prompt in enumerate(prompts):
                 self.cache.fill(taken[prompt], prefix, row)
                 self.next_logits[taken[prompt]] = logits[row]

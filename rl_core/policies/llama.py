@@ -244,15 +244,30 @@ class LlamaLM(nn.Module):
                              f"{self.spec.max_position_embeddings})")
         return self.lm_head(self.model.decode(input_ids, cache))
 
-    def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, KVCache]:
-        """(B, vocab) logits of the last position of `input_ids` (B, T), and the cache of its T positions: what
-        generation needs of a prompt. The LM head, the widest product, runs at the last position alone; a row's
-        logits are the bits `forward` gives at that position (the projection's rows do not depend on each other)."""
-        if input_ids.ndim != 2 or input_ids.shape[1] > self.spec.max_position_embeddings:
-            raise ValueError(f"LlamaLM.prefill: expected input_ids of shape (batch, steps <= "
-                             f"{self.spec.max_position_embeddings}), found {tuple(input_ids.shape)}")
-        hidden, keys, values = self.model(input_ids, None)
-        return self.lm_head(hidden[:, -1]), KVCache(keys, values, input_ids.shape[1])
+    def prefill(self, input_ids: torch.Tensor, prefix: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
+        """(B, vocab) logits of the last position of `input_ids` (B, T), and the cache of every position: what
+        generation needs of a prompt. With `prefix` (one row: the start the prompts share, prefilled once), `input_ids`
+        are what follows it in each prompt. The LM head, the widest product, runs at the last position alone. A row's
+        logits and keys are the bits `forward` gives for the whole prompt: projections do not mix rows, and the
+        fixed-order attention of a position reads the same keys in the same order whether they were cached or not."""
+        start = 0 if prefix is None else prefix.length
+        if input_ids.ndim != 2 or start + input_ids.shape[1] > self.spec.max_position_embeddings:
+            raise ValueError(f"LlamaLM.prefill: expected input_ids of shape (batch, steps) fitting the context of "
+                             f"{self.spec.max_position_embeddings} after {start} cached positions, found "
+                             f"{tuple(input_ids.shape)}")
+        if prefix is None:
+            hidden, keys, values = self.model(input_ids, None)
+            return self.lm_head(hidden[:, -1]), KVCache(keys, values, input_ids.shape[1])
+        if prefix.batch != 1:
+            raise ValueError(f"LlamaLM.prefill: a shared prefix is one row, found {prefix.batch}")
+        cache = KVCache.allocate(self.spec, input_ids.shape[0], start + input_ids.shape[1],
+                                 device=input_ids.device, dtype=prefix.keys[0].dtype)
+        for mine, shared in zip(cache.keys + cache.values, prefix.keys + prefix.values):
+            mine[:, :, :start] = shared[:, :, :start]
+        cache.length = start
+        hidden, _, _ = self.model(input_ids, cache)
+        cache.length += input_ids.shape[1]
+        return self.lm_head(hidden[:, -1]), cache
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The tensors HF saves: every parameter by name, without lm_head.weight when it is the tied embedding; a

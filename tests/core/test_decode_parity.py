@@ -160,3 +160,33 @@ def test_prefill_gives_the_last_position_of_a_full_forward(spec: LlamaSpec) -> N
             assert torch.equal(last, logits[:, -1])
             assert prefix.length == cache.length == batch.shape[1]
             assert all(torch.equal(a, b) for a, b in zip(prefix.keys + prefix.values, cache.keys + cache.values))
+
+
+@pytest.mark.parametrize("spec", [SPEC, WIDE], ids=["gqa", "wide"])
+def test_a_shared_start_prefilled_once_gives_the_whole_prompts_bits(spec: LlamaSpec) -> None:
+    """Prompts sharing a start (a system prompt) prefill it once, then their own tokens on top: the logits and the
+    cache of every prompt are those of prefilling it whole."""
+    model = LlamaLM(spec, seed=5).eval()
+    gen = torch.Generator().manual_seed(11)
+    start = torch.randint(0, spec.vocab_size, (1, 13), generator=gen)
+    prompts = torch.cat([start.repeat(4, 1), torch.randint(0, spec.vocab_size, (4, 6), generator=gen)], dim=1)
+    with torch.inference_mode():
+        whole_logits, whole = model.prefill(prompts)
+        _, shared = model.prefill(start)
+        logits, cache = model.prefill(prompts[:, 13:], shared)
+    assert torch.equal(logits, whole_logits) and cache.length == whole.length == 19
+    assert all(torch.equal(a, b) for a, b in zip(cache.keys + cache.values, whole.keys + whole.values))
+
+
+def test_the_generator_prefills_a_shared_start_once_with_the_same_generations() -> None:
+    """Requests whose prompts share a long start sample exactly what each would alone (one request per call)."""
+    model = LlamaLM(SPEC, seed=2).eval()
+    gen = torch.Generator().manual_seed(3)
+    start = torch.randint(0, SPEC.vocab_size, (12,), generator=gen).tolist()
+    params = SamplingParams(temperature=0.9, max_tokens=9)
+    requests = [GenerationRequest(tuple(start + torch.randint(0, SPEC.vocab_size, (n,), generator=gen).tolist()),
+                                  params, (0, i)) for i, n in enumerate((3, 5, 5, 8))]
+    generator = TorchGenerator(model, version=0)
+    together = generator.generate(requests, 0)
+    alone = [generator.generate([request], 0)[0] for request in requests]
+    assert together == alone
