@@ -47,7 +47,7 @@ def write_tensors(url: str, arrays: dict[str, np.ndarray], meta: dict[str, Any] 
     arrays = {k: _c_contiguous(v) for k, v in arrays.items()}
     meta_json = json.dumps(meta or {})
     metadata = {_META_KEY: meta_json, _DIGEST_KEY: _digest(arrays, meta_json),
-                _EACH_KEY: json.dumps({"meta": _xxh64(meta_json.encode()),
+                _EACH_KEY: json.dumps({"meta": xxhash.xxh3_64_hexdigest(meta_json.encode()),
                                        "arrays": {name: _array_digest(name, a) for name, a in arrays.items()}})}
     fs, path = fsspec.core.url_to_fs(url)
     fs.makedirs(fs._parent(path), exist_ok=True)
@@ -79,24 +79,22 @@ def _digest(arrays: dict[str, np.ndarray], meta_json: str) -> str:
     stores them), then the meta's JSON."""
     h = xxhash.xxh3_128()
     for name in sorted(arrays):
-        array = arrays[name]
-        stored = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-        h.update(json.dumps([name, stored.dtype.str, list(array.shape)]).encode())
-        h.update(stored)
+        _hash_array(h, name, arrays[name])
     h.update(meta_json.encode())
     return h.hexdigest()
 
 
-def _xxh64(data: bytes | np.ndarray) -> str:
-    return xxhash.xxh3_64_hexdigest(data)
-
-
 def _array_digest(name: str, array: np.ndarray) -> str:
-    """XXH3-64 of one array as a reader gets it back: name, dtype, shape, bytes (little-endian)."""
+    """XXH3-64 of one array as a reader gets it back (its own checksum, for a reader that takes some arrays)."""
+    return _hash_array(xxhash.xxh3_64(), name, array).hexdigest()
+
+
+def _hash_array(h: Any, name: str, array: np.ndarray) -> Any:
+    """`h` fed an array's name, dtype, shape and little-endian bytes; returns `h`."""
     stored = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-    h = xxhash.xxh3_64(json.dumps([name, stored.dtype.str, list(array.shape)]).encode())
+    h.update(json.dumps([name, stored.dtype.str, list(array.shape)]).encode())
     h.update(stored)
-    return h.hexdigest()
+    return h
 
 
 def read_tensors(url: str, prefix: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -132,7 +130,7 @@ def _read_local(path: str, prefix: str | None) -> tuple[Tensors, str, str | None
         if prefix is None or _EACH_KEY not in metadata:
             return {name: opened.get_tensor(name) for name in names}, meta_json, metadata.get(_DIGEST_KEY)
         each = json.loads(metadata[_EACH_KEY])
-        if each["meta"] != _xxh64(meta_json.encode()):
+        if each["meta"] != xxhash.xxh3_64_hexdigest(meta_json.encode()):
             raise ValueError("its meta does not match the checksum written with it")
         arrays = {}
         for name in (name for name in names if name.startswith(prefix)):
