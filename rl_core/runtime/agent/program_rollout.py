@@ -83,6 +83,9 @@ class GenerationBatcher:
                     waiting.append(self._queue.get(timeout=left))
                 except queue.Empty:
                     break
+            # a call whose program stopped waiting (its rollout failed, it timed out) is not generated; the others
+            # are marked running, so a later cancel leaves their answer to be set (and dropped)
+            waiting = [item for item in waiting if item[2].set_running_or_notify_cancel()]
             for generate, items in _by_generate(waiting).items():
                 requests = [request for asked, _, _ in items for request in asked]
                 try:
