@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import Any
 
 import numpy as np
+import ray
 
 from rl_core.envs import make_batch
 from rl_core.envs.agent import make_agent_env
+from rl_core.runtime.serving.step_lane import StepLane
 from rl_core.runtime.serving.tasks import TaskKind
 
 
@@ -83,31 +86,44 @@ class AgentShard:
 
 
 class EnvHost:
-    """The shards of many sessions, by key; one call at a time (a Ray actor of max_concurrency 1)."""
+    """The shards of many sessions, by key. Ray calls come one at a time (a Ray actor of max_concurrency 1); MuJoCo
+    steps may also come through the host's step lane (`step_lane.py`), on its threads: a lock keeps them in turn."""
 
     def __init__(self) -> None:
         self.shards: dict[str, MujocoShard | AgentShard] = {}
+        self._lock = threading.Lock()
+        self._lane = StepLane(self.step)
+
+    def lane(self) -> dict[str, str]:
+        """Where the server reaches the step lane from this host's node: the node's id, the socket's name and the
+        token a connection starts with."""
+        return {"node": ray.get_runtime_context().get_node_id(), "name": self._lane.name, "token": self._lane.token}
 
     def open(self, key: str, task: str, kind: TaskKind, count: int, seed: int, offset: int) -> dict[str, Any]:
         """Build shard `key`; returns its spaces and first observations."""
         shard_type = MujocoShard if kind == "mujoco" else AgentShard
         shard = shard_type(task, count, seed, offset)
-        self.shards[key] = shard
+        with self._lock:
+            self.shards[key] = shard
         return {"spaces": shard.spaces(), **shard.first()}
 
     def reset(self, key: str, seed: int | None) -> dict[str, Any]:
-        return self.shards[key].reset(seed)
+        with self._lock:
+            return self.shards[key].reset(seed)
 
     def step(self, key: str, actions: Any) -> dict[str, Any]:
-        return self.shards[key].step(actions)
+        with self._lock:
+            return self.shards[key].step(actions)
 
     def close(self, key: str) -> None:
         """Free shard `key` (a key already gone is fine: closing is idempotent)."""
-        self.shards.pop(key, None)
+        with self._lock:
+            self.shards.pop(key, None)
 
     def ping(self) -> dict[str, int]:
         """The host's process and how many envs it holds: for the pool's checks and the tests."""
-        return {"pid": os.getpid(), "envs": sum(_count(shard) for shard in self.shards.values())}
+        with self._lock:
+            return {"pid": os.getpid(), "envs": sum(_count(shard) for shard in self.shards.values())}
 
 
 def _count(shard: MujocoShard | AgentShard) -> int:

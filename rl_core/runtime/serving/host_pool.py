@@ -5,6 +5,9 @@ A session's envs are split in env order (`env_split`, as the flows split a run's
 one shard per host, each of about `shard_envs` envs or fewer, on the hosts holding the fewest envs. A host that dies
 is replaced at once by a new, empty one; the sessions that had envs on it get `EnvHostDied` at their next call (their
 envs there are gone: gymflow does not checkpoint served envs) and may reset to get new envs on live hosts.
+
+A MuJoCo shard on a host of the server's own node is stepped through the host's step lane (`step_lane.py`), one
+connection per shard, opened at its first step; every other call is a Ray actor call.
 """
 from __future__ import annotations
 
@@ -12,11 +15,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import ray
 
 from rl_core.runtime.control.env_pool import env_split
 from rl_core.runtime.local_ray import actor_options, ensure_ray
 from rl_core.runtime.serving.env_host import EnvHost
+from rl_core.runtime.serving.step_lane import LaneClient, LaneClosed
 
 
 class EnvHostDied(RuntimeError):
@@ -43,6 +48,8 @@ class EnvHostPool:
         self._hosts: list[Any] = []
         self._generations = [0] * workers
         self._envs = [0] * workers  # envs placed on each host (its shards' counts)
+        self._lane_of: list[dict[str, str] | None] = [None] * workers  # each host's lane, once asked
+        self._lanes: dict[str, LaneClient] = {}  # by shard key: the connection stepping it
 
     def start(self) -> None:
         """Start Ray (a local one on 127.0.0.1 unless RAY_ADDRESS names a cluster) and every host; returns once
@@ -62,8 +69,10 @@ class EnvHostPool:
         return shards
 
     def release(self, shards: list[Shard]) -> None:
-        """Stop counting `shards` (on a host replaced since, they were never the new host's)."""
+        """Stop counting `shards` (on a host replaced since, they were never the new host's) and close their lanes."""
         for shard in shards:
+            if (lane := self._lanes.pop(shard.key, None)) is not None:
+                lane.close()
             if shard.generation == self._generations[shard.host]:
                 self._envs[shard.host] -= shard.count
 
@@ -73,10 +82,26 @@ class EnvHostPool:
             raise EnvHostDied(f"env host {shard.host} died earlier; its envs are lost")
         actor = self._hosts[shard.host]
         try:
+            if method == "step" and isinstance(args[0], np.ndarray) and (lane := await self._lane(shard, actor)):
+                return await lane.step(shard.key, args[0])
             return await getattr(actor, method).remote(shard.key, *args)
-        except ray.exceptions.RayActorError as err:
+        except (ray.exceptions.RayActorError, LaneClosed) as err:
             self._replace(shard.host, actor)
             raise EnvHostDied(f"env host {shard.host} died ({type(err).__name__}); its envs are lost") from None
+
+    async def _lane(self, shard: Shard, actor: Any) -> LaneClient | None:
+        """The connection stepping `shard`, opened now if need be; None for a host on another node."""
+        if (lane := self._lanes.get(shard.key)) is not None:
+            return lane
+        where = self._lane_of[shard.host]
+        if where is None:
+            where = await actor.lane.remote()
+            if self._hosts[shard.host] is actor:  # not replaced meanwhile
+                self._lane_of[shard.host] = where
+        if where["node"] != ray.get_runtime_context().get_node_id():
+            return None
+        lane = self._lanes[shard.key] = await LaneClient.connect(where["name"], where["token"])
+        return lane
 
     def held_envs(self) -> list[int]:
         """Envs each host actually holds (asked of the hosts): for checks that freed envs are freed."""
@@ -91,6 +116,7 @@ class EnvHostPool:
         for host in self._hosts:
             ray.kill(host, no_restart=True)
         self._hosts = []
+        self._lanes.clear()  # their connections end with the hosts (and the server's event loop with the server)
 
     def _new_host(self) -> Any:
         return ray.remote(num_cpus=1)(EnvHost).options(max_concurrency=1, **actor_options()).remote()
@@ -103,3 +129,4 @@ class EnvHostPool:
         self._hosts[index] = self._new_host()
         self._generations[index] += 1
         self._envs[index] = 0
+        self._lane_of[index] = None
