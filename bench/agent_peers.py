@@ -22,9 +22,11 @@ step. ``startup_s``: from the command's process start to its first step's start 
 process's launch). Held-out accuracy: gymflow's evaluation (`evaluate_heldout`) on ``--eval-problems`` held-out
 problems, sampled at the training temperature with the flow's evaluation streams, for the flow's final version (the
 flow's own final evaluation) and for TRL's trained model (saved, LoRA merged, read by gymflow's loader); TRL's model and
-the base model also greedy. ``accuracy_vs_trl``: gymflow's minus TRL's, in points. Ratios are per mode, means over
-seeds. A warm-up flow run per mode (one iteration, untimed) tunes gymflow's kernels for the model's shapes first, a
-one-off per machine, as `bench/ppo.py` does. Last line: one JSON object.
+the base model also greedy. ``accuracy_vs_trl``: gymflow's minus TRL's, in points; ``heldout_vs_trl``: per mode, the
+bootstrap 95% interval over seeds of that difference and of the held-out mean reward's, with the verdict each allows
+(from 2 seeds a side). Ratios are per mode, means over seeds. A warm-up flow run per mode (one iteration, untimed)
+tunes gymflow's kernels for the model's shapes first, a one-off per machine, as `bench/ppo.py` does. Last line: one
+JSON object.
 
 Run: ``python bench/agent_peers.py [--mode full|lora|both] [--steps 20] [--seeds 1] [--env rg:basic_arithmetic]``;
 ``--quick`` smoke-tests both sides in minutes (2 steps, 16 held-out problems, one probe axis, no warm-up).
@@ -57,6 +59,7 @@ from bench._agent_peer_task import (  # noqa: E402
     smollm2_gguf,
 )
 from bench._agent_peer_trl import PROBE_AXES, TORCH_THREADS, probe_trl, run_trl  # noqa: E402
+from rl_core.reporting.intervals import difference_interval, verdict_of  # noqa: E402
 
 QUICK_PROBE_AXES = {"batching": PROBE_AXES["batching"][:2]}
 """The probe of `--quick`: one generate call against two, nothing else."""
@@ -109,7 +112,8 @@ def run_gymflow(settings: PeerSettings, model_dir: Path, store: str, run_name: s
               for key in ("iteration_s", "rollout_s", "score_s", "train_s", "checkpoint_s")}
     return {"episodes_per_s": settings.episodes_per_step * len(steady) / seconds, "step_s": step_s,
             "startup_s": line["startup_s"], "command_s": line["command_s"], "accuracy": line["accuracy_final"],
-            "accuracy_base": line["accuracy_sft"], "iterations": len(records)}
+            "accuracy_base": line["accuracy_sft"], "mean_reward": line["mean_reward_final"],
+            "mean_reward_base": line["mean_reward_sft"], "iterations": len(records)}
 
 
 def warm_up_gymflow(settings: PeerSettings, model_dir: Path, store: str, timeout_s: float) -> None:
@@ -144,6 +148,21 @@ def side_summary(runs: list[dict[str, Any]], extra: tuple[str, ...]) -> dict[str
             "per_seed_episodes_per_s": [round(r["episodes_per_s"], 3) for r in runs]}
 
 
+def heldout_comparison(gymflow_runs: list[dict[str, Any]], trl_runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per held-out figure (accuracy in points, mean reward), gymflow's minus TRL's: the percentile bootstrap 95%
+    interval of the difference of means over seeds and the verdict it allows ('not worse' within a margin of 2
+    points of accuracy, 0.02 of mean reward); None and 'inconclusive' under 2 seeds a side."""
+    out: dict[str, Any] = {"seeds": min(len(gymflow_runs), len(trl_runs))}
+    for key, scale, margin in (("accuracy", 100.0, 2.0), ("mean_reward", 1.0, 0.02)):
+        ours = [scale * r[key] for r in gymflow_runs]
+        theirs = [scale * r[key] for r in trl_runs]
+        enough = min(len(ours), len(theirs)) >= 2
+        interval = difference_interval(ours, theirs) if enough else None
+        out[key] = {"difference_ci95": [round(v, 4) for v in interval] if interval else None,
+                    "verdict": verdict_of(interval, margin)}
+    return out
+
+
 def compare_mode(settings: PeerSettings, args: argparse.Namespace, model_dir: Path, work: Path) -> dict[str, Any]:
     """Probe TRL, then the timed runs of both sides for every seed, in one mode (full fine-tune or LoRA)."""
     mode, store = settings.mode, f"file://{work}/runs"
@@ -168,23 +187,26 @@ def compare_mode(settings: PeerSettings, args: argparse.Namespace, model_dir: Pa
                 gymflow_runs.append(g)
                 print(f"{mode:<5} seed {seed} gymflow {g['episodes_per_s']:.2f} episodes/s "
                       f"({g['step_s']['iteration_s']:.2f} s/step), start-up {g['startup_s']:.1f} s, held-out accuracy "
-                      f"{g['accuracy']:.3f}", flush=True)
+                      f"{g['accuracy']:.3f}, mean reward {g['mean_reward']:.4f}", flush=True)
             except (RuntimeError, subprocess.TimeoutExpired) as err:
                 gymflow_error = brief(err)
                 print(f"{mode:<5} seed {seed} gymflow failed: {gymflow_error}", flush=True)
         t = run_trl(seeded, config, model_dir, work / f"trl-{mode}" / f"seed-{seed}", True, args.timeout)
-        t.update(accuracy=t["heldout"]["accuracy"], accuracy_greedy=t["heldout_greedy"]["accuracy"])
+        t.update(accuracy=t["heldout"]["accuracy"], accuracy_greedy=t["heldout_greedy"]["accuracy"],
+                 mean_reward=t["heldout"]["mean_reward"])
         shutil.rmtree(work / f"trl-{mode}" / f"seed-{seed}" / "model", ignore_errors=True)  # 0.5 GB a run
         trl_runs.append(t)
         print(f"{mode:<5} seed {seed} trl     {t['episodes_per_s']:.2f} episodes/s "
               f"({t['step_s']['step_s']:.2f} s/step), start-up {t['startup_s']:.1f} s, held-out accuracy "
-              f"{t['accuracy']:.3f} (greedy {t['accuracy_greedy']:.3f})", flush=True)
-    gymflow = side_summary(gymflow_runs, ("accuracy_base",))
-    trl = side_summary(trl_runs, ("accuracy_greedy", "train_accuracy"))
+              f"{t['accuracy']:.3f} (greedy {t['accuracy_greedy']:.3f}), mean reward {t['mean_reward']:.4f}",
+              flush=True)
+    gymflow = side_summary(gymflow_runs, ("accuracy_base", "mean_reward", "mean_reward_base"))
+    trl = side_summary(trl_runs, ("accuracy_greedy", "train_accuracy", "mean_reward"))
     return {"gymflow": gymflow, "trl": trl, "trl_config": config.describe(), "trl_probes": probes,
             "gymflow_error": gymflow_error,
             "episodes_per_s_vs_trl": round(gymflow["episodes_per_s"] / trl["episodes_per_s"], 3) if gymflow else None,
             "accuracy_vs_trl": round(100 * (gymflow["accuracy"] - trl["accuracy"]), 2) if gymflow else None,
+            "heldout_vs_trl": heldout_comparison(gymflow_runs, trl_runs),
             "checks": {"same_problems": all(r["same_problems"] for r in trl_runs),
                        "same_prompt_ids": all(r["same_prompt_ids"] for r in trl_runs),
                        "trl_torch_threads": trl_runs[0]["torch_threads"],
@@ -248,6 +270,7 @@ def main() -> None:
         "episodes_per_s_vs_trl": {m: r["episodes_per_s_vs_trl"] for m, r in results.items()},
         "startup_s": max((r["gymflow"]["startup_s"] for r in results.values() if r["gymflow"]), default=None),
         "accuracy_vs_trl": {m: r["accuracy_vs_trl"] for m, r in results.items()},
+        "heldout_vs_trl": {m: r["heldout_vs_trl"] for m, r in results.items()},
         "trl_config": {m: r["trl_config"] for m, r in results.items()},
         "trl_startup_s": max(r["trl"]["startup_s"] for r in results.values()),
         "gymflow": {m: r["gymflow"] for m, r in results.items()},
