@@ -35,9 +35,9 @@ train-agent-smol: install
 test: install browser-deps
 	$(PY) -m pytest -q -m "not chaos and not load" $(ARGS)
 
-# The longer fault drills (pytest -m chaos, ~6 min): a corrupt newest version set aside, SIGKILL of the command alone,
-# the agent flow's listening sockets, the Prefect server restarted mid-run, an S3 outage and a full disk mid-run.
-# make test runs the shorter drills.
+# The longer fault drills (pytest -m chaos, ~8 min): a corrupt newest version set aside, SIGKILL of the command alone,
+# the agent flow's listening sockets, the Prefect server restarted mid-run, an S3 outage and a full disk mid-run, a
+# sweep's and a PBT population's command SIGKILLed mid-way. make test runs the shorter drills.
 chaos: install
 	$(PY) -m pytest -q -m chaos $(ARGS)
 

@@ -112,6 +112,7 @@ def _sweep_command(store: str, name: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.chaos  # a SIGKILL drill of 40-50 s: make chaos
 def test_a_sweep_command_sigkilled_midway_ends_bit_identical_when_run_again(swept, tmp_path: Path) -> None:
     """The real command, its whole process group SIGKILLed once a member has committed version 1 and not its last,
     with one member stalled in its training of iteration 1 (so the sweep cannot end first); the same command again

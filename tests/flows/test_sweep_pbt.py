@@ -104,6 +104,7 @@ def test_a_population_exploits_by_zero_copy_forks_and_draws_its_lineage(populati
 
 
 @pytest.mark.slow
+@pytest.mark.chaos  # a SIGKILL drill of 40-50 s: make chaos
 def test_a_population_killed_mid_generation_and_run_again_ends_bit_identical(population, tmp_path) -> None:
     """SIGKILL the sweep's command (its process group: the flow, its Prefect API, its Ray) while generation 1 trains,
     after generation 0's decision and forks; the same command ends with every member's weights equal to the
