@@ -59,7 +59,7 @@ from bench._agent_peer_task import (  # noqa: E402
     smollm2_gguf,
 )
 from bench._agent_peer_trl import PROBE_AXES, TORCH_THREADS, probe_trl, run_trl  # noqa: E402
-from rl_core.reporting.intervals import difference_interval, verdict_of  # noqa: E402
+from rl_core.reporting.intervals import compared  # noqa: E402
 
 QUICK_PROBE_AXES = {"batching": PROBE_AXES["batching"][:2]}
 """The probe of `--quick`: one generate call against two, nothing else."""
@@ -156,10 +156,8 @@ def heldout_comparison(gymflow_runs: list[dict[str, Any]], trl_runs: list[dict[s
     for key, scale, margin in (("accuracy", 100.0, 2.0), ("mean_reward", 1.0, 0.02)):
         ours = [scale * r[key] for r in gymflow_runs]
         theirs = [scale * r[key] for r in trl_runs]
-        enough = min(len(ours), len(theirs)) >= 2
-        interval = difference_interval(ours, theirs) if enough else None
-        out[key] = {"difference_ci95": [round(v, 4) for v in interval] if interval else None,
-                    "verdict": verdict_of(interval, margin)}
+        interval, said = compared(ours, theirs, margin)
+        out[key] = {"difference_ci95": [round(v, 4) for v in interval] if interval else None, "verdict": said}
     return out
 
 

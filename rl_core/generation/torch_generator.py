@@ -36,8 +36,7 @@ MAX_BATCH = 64
 """Sequences decoded together by default: enough to keep a small model's matmuls efficient on a CPU."""
 CACHE_BUDGET_BYTES = 1 << 30
 """By default more than MAX_BATCH sequences decode together while their KV cache fits in this: an evaluation's
-hundreds of short episodes then take fewer, fuller decode steps (200 SmolLM2 episodes of 16 tokens: 13.4 s at 64,
-11.3 s at 200, ~0.75 GB of cache)."""
+hundreds of short episodes then take fewer, fuller decode steps (figures in docs/benchmarks.md)."""
 
 
 def inverse_cdf_sample(logprobs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

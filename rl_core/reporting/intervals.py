@@ -70,10 +70,16 @@ def verdict_of(interval: tuple[float, float] | None, margin: float) -> str:
     return "not worse" if low >= -margin else "inconclusive"
 
 
+def compared(ours: Sequence[float], theirs: Sequence[float], margin: float = 0.0
+             ) -> tuple[tuple[float, float] | None, str]:
+    """The difference interval of two groups' runs (None under 2 runs a side) and `verdict_of` it (see there)."""
+    interval = difference_interval(ours, theirs) if min(len(ours), len(theirs)) >= 2 else None
+    return interval, verdict_of(interval, margin)
+
+
 def verdict(ours: Sequence[float], theirs: Sequence[float], margin: float = 0.0) -> str:
     """`verdict_of` the difference interval of two groups' runs (see there); 'inconclusive' under 2 runs a side."""
-    enough = min(len(ours), len(theirs)) >= 2
-    return verdict_of(difference_interval(ours, theirs) if enough else None, margin)
+    return compared(ours, theirs, margin)[1]
 
 
 def summarize(values: Sequence[float], digits: int = 1) -> dict[str, float | list[float] | None]:
@@ -99,8 +105,8 @@ def pairwise_verdicts(groups: dict[str, Sequence[float]], margin_fraction: float
         for b, theirs in groups.items():
             if a == b:
                 continue
-            interval = difference_interval(ours, theirs) if min(len(ours), len(theirs)) >= 2 else None
             margin = margin_fraction * abs(float(np.mean(theirs)))
+            interval, said = compared(ours, theirs, margin)
             rows.append({"group": a, "versus": b, "difference_ci95": list(interval) if interval else None,
-                         "margin": margin, "verdict": verdict_of(interval, margin)})
+                         "margin": margin, "verdict": said})
     return rows
