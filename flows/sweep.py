@@ -43,6 +43,7 @@ from rl_core.reporting import read_metrics
 from rl_core.reporting.intervals import pairwise_verdicts, summarize
 from rl_core.reporting.population_lineage import lineage_png
 from rl_core.runtime.local_ray import actor_cpus, ensure_ray
+from rl_core.runtime.warm_actors import reusing_actors
 from tasks.artifact_keys import artifact_key
 
 CURVE = {"control": ("env_steps_total", "mean_return"), "agent": ("tokens_total", "accuracy")}
@@ -79,10 +80,13 @@ def sweep(name: str, flow: str = "control", seeds: list[int] | None = None,
     logger.info("sweep %s (%s): %d members, at most %d at a time", spec.name, spec.strategy, len(members),
                 spec.max_concurrent)
     generations: list[dict[str, Any]] = []
-    if spec.strategy == "pbt":
-        results, failed, generations = train_population(spec, members, logger)
-    else:
-        results, failed = train_grid(spec, members)
+    with reusing_actors() as processes:  # a finished member's actor processes serve the next one
+        if spec.strategy == "pbt":
+            results, failed, generations = train_population(spec, members, logger)
+        else:
+            results, failed = train_grid(spec, members)
+    logger.info("sweep %s: %d actor processes started, %d reused", spec.name, processes.started_count,
+                processes.reused_count)
     for member, why in failed.items():
         logger.error("sweep %s: member %s failed: %s", spec.name, member, why)
     report = sweep_report(spec, members, results, failed, generations)

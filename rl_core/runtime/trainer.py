@@ -52,6 +52,12 @@ class TrainerRank:
         self.learner_version: int | None = None
         self._completed: tuple[int, int, dict[str, float]] | None = None  # (iteration, version, metrics)
 
+    def reuse(self, config_json: str, rank: int, world_size: int) -> None:
+        """Become a rank of another run (a sweep's next member: `rl_core.runtime.warm_actors`): leave the old group
+        and build again everything the constructor builds; `connect` then joins the new group."""
+        self.close()
+        self.__init__(config_json, rank, world_size)
+
     def connect(self, init_method: str) -> None:
         """Join the gloo (CPU) or NCCL (CUDA) group at `init_method` (a `file://` store on one machine, else
         `tcp://host:port`); blocks until every rank has joined."""

@@ -20,8 +20,9 @@ import ray
 
 from rl_core.config.agent import AnyRunConfig
 from rl_core.data.run_lease import pid_runs
-from rl_core.runtime.local_ray import actor_cpus, actor_options, ensure_ray, is_local_ray, wait_until_names_free
+from rl_core.runtime.local_ray import actor_cpus, ensure_ray, is_local_ray, wait_until_names_free
 from rl_core.runtime.trainer import TrainerRank
+from rl_core.runtime.warm_actors import park, start_actor
 
 RENDEZVOUS_PREFIX = "gymflow-"
 """A local group's FileStore folder is `<tmp>/gymflow-<run>-ranks-<pid of the process that made it>-<random>`."""
@@ -76,8 +77,8 @@ class TrainerGroup:
 
     def _create_ranks(self) -> list[ray.actor.ActorHandle]:
         config = self.cfg.model_dump_json()
-        return [ray.remote(num_cpus=1)(TrainerRank).options(name=name, get_if_exists=True, **actor_options())
-                .remote(config, k, self.cfg.num_ranks) for k, name in enumerate(self._names())]
+        return [start_actor(TrainerRank, self.cfg.run_name, name, (config, k, self.cfg.num_ranks))
+                for k, name in enumerate(self._names())]
 
     def _ensure(self) -> list[ray.actor.ActorHandle]:
         with self._lock:
@@ -134,14 +135,27 @@ class TrainerGroup:
     def _kill(self) -> None:
         for r in self._ranks + self._booting:
             ray.kill(r, no_restart=True)
+        self._forget()
+        wait_until_names_free(self._names())  # the next group must be new actors, not the dying ones
+
+    def _forget(self) -> None:
+        """No group from here on: the next use starts or takes new ranks."""
         self._ranks, self._booting = [], []
         self._launch = None
         if self._rendezvous_dir is not None:  # a FileStore file is for one group only
             shutil.rmtree(self._rendezvous_dir, ignore_errors=True)
             self._rendezvous_dir = None
-        wait_until_names_free(self._names())  # the next group must be new actors, not the dying ones
 
     def shutdown(self) -> None:
         """Stop the ranks (the process group goes with them)."""
         with self._lock:
             self._kill()
+
+    def release(self) -> None:
+        """The run is done with its ranks: park them for the next run (`warm_actors`: a parked rank leaves its group
+        when reused), or stop them."""
+        with self._lock:
+            if park(TrainerRank, self._ranks + self._booting):
+                self._forget()
+            else:
+                self._kill()

@@ -46,11 +46,12 @@ class ControlActors:
         self.trainer_group.start()
 
     def release(self) -> None:
-        """Stop the actors (idempotent); the next use starts new ones."""
+        """Stop the actors, or park them for the next run inside `warm_actors.reusing_actors()` (idempotent); the
+        next use starts or takes others."""
         with self._lock:
             pool, group = self._env_pool, self._trainer_group
             self._env_pool = self._trainer_group = None
         if pool:
-            pool.shutdown()
+            pool.release()
         if group:
-            group.shutdown()
+            group.release()

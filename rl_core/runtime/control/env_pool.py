@@ -19,7 +19,8 @@ import ray
 
 from rl_core.config.control import ControlRunConfig
 from rl_core.runtime.control.env_worker import EnvWorker
-from rl_core.runtime.local_ray import actor_cpus, actor_options, ensure_ray, wait_until_names_free
+from rl_core.runtime.local_ray import actor_cpus, ensure_ray, wait_until_names_free
+from rl_core.runtime.warm_actors import park, start_actor
 
 
 class EnvWorkerDied(RuntimeError):
@@ -51,9 +52,9 @@ class EnvWorkerPool:
 
     def _actor(self, index: int) -> ray.actor.ActorHandle:
         if index not in self._actors:
-            remote = ray.remote(num_cpus=1)(EnvWorker).options(
-                name=self._name(index), get_if_exists=True, max_concurrency=1, **actor_options())
-            self._actors[index] = remote.remote(self.cfg.model_dump_json(), index, self._split[index])
+            self._actors[index] = start_actor(EnvWorker, self.cfg.run_name, self._name(index),
+                                              (self.cfg.model_dump_json(), index, self._split[index]),
+                                              max_concurrency=1)
         return self._actors[index]
 
     def start(self) -> None:
@@ -136,3 +137,10 @@ class EnvWorkerPool:
     def shutdown(self) -> None:
         """Stop this pool's actors."""
         self._discard(list(self._actors))
+
+    def release(self) -> None:
+        """The run is done with its workers: park them for the next run (`warm_actors`), or stop them."""
+        if park(EnvWorker, list(self._actors.values()), max_concurrency=1):
+            self._actors = {}
+        else:
+            self.shutdown()

@@ -46,6 +46,11 @@ class EnvWorker:
         self.policy = build_policy(self.cfg, Spaces(self.env.obs_dim, self.env.action_dim))
         self.policy_version: int | None = None
 
+    def reuse(self, config_json: str, worker_index: int, envs: tuple[int, int] | None = None) -> None:
+        """Become another run's worker (a sweep's next member: `rl_core.runtime.warm_actors`): everything the
+        constructor builds is built again from that run's config."""
+        self.__init__(config_json, worker_index, envs)
+
     def assign(self, envs: tuple[int, int]) -> None:
         """Hold envs [offset, offset + count) from now on; they are restored from the store at the next step."""
         self.env_offset, self.num_envs = envs

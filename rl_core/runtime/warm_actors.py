@@ -1,0 +1,167 @@
+"""Actor processes that outlive their run, for the next run of the same process: a sweep's members.
+
+A short member spends most of its time starting its env workers and trainer ranks (a Python process each, importing
+torch and building MuJoCo models: CPU-bound). Inside `reusing_actors()` a run that ends parks its actors here, and the
+next run that needs an actor of the same class and options takes one and gives it its own config (the actor's `reuse`,
+which builds again everything its constructor builds). Nothing a run leaves in such a process changes what the next
+one computes: its seeds, weights and envs come from its config and its store, so results are bit-identical to fresh
+processes (tests/flows/test_sweep_warm_actors.py).
+
+On a local Ray, at most one actor per core starts at a time, and the runs that began first start theirs first: many
+members begun together then finish their start-up one after another, and the later ones take the actors the earlier
+ones park instead of each starting their own at once on a machine that cannot run them.
+
+Parked actors hold their Ray resources. A new actor is created only when none of its kind is idle; when Ray has no
+CPU free for it, or it has not started after `PENDING_S`, the idle actors are stopped, so a run never waits for
+resources an idle actor holds.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import ray
+
+from rl_core.runtime.local_ray import actor_options, is_local_ray
+
+logger = logging.getLogger("rl_core.runtime")
+
+REUSE_TIMEOUT_S = 60.0
+"""How long a parked actor may take to accept a new run's config before it is stopped and a new one started (a
+parked actor still inside a call of a failed run answers only when that call ends)."""
+
+
+PENDING_S = 10.0
+"""How long a new actor may take to start before the idle actors are stopped, in case it waits for their resources."""
+
+
+class ParkedActors:
+    """Idle actors by kind (class and options), and the start slots: `slots` actors starting at once (None: any
+    number), granted to the waiting requests of the run that asked first."""
+
+    def __init__(self, slots: int | None) -> None:
+        self._changed = threading.Condition()
+        self._idle: dict[str, list[ray.actor.ActorHandle]] = {}
+        self._free = slots
+        self._runs: dict[str, int] = {}  # run -> its rank in the order runs first asked
+        self._waiting: list[tuple[int, int]] = []  # (run's rank, request number) of the requests waiting
+        self._requests = 0
+        self.started_count = self.reused_count = 0
+
+    def take_or_start(self, kind: str, run: str) -> ray.actor.ActorHandle | None:
+        """An idle actor of `kind`, or None once a start slot is held for a new one (`started` gives it back)."""
+        with self._changed:
+            self._requests += 1
+            me = (self._runs.setdefault(run, len(self._runs)), self._requests)
+            self._waiting.append(me)
+            try:
+                while True:
+                    if idle := self._idle.get(kind):
+                        return idle.pop()
+                    if self._free is None:
+                        return None
+                    if self._free > 0 and min(self._waiting) == me:
+                        self._free -= 1
+                        return None
+                    self._changed.wait()
+            finally:
+                self._waiting.remove(me)
+                self._changed.notify_all()
+
+    def started(self) -> None:
+        """An actor holding a start slot has started (or failed to)."""
+        with self._changed:
+            if self._free is not None:
+                self._free += 1
+                self._changed.notify_all()
+
+    def tally(self, reused: bool) -> None:
+        with self._changed:
+            if reused:
+                self.reused_count += 1
+            else:
+                self.started_count += 1
+
+    def put(self, kind: str, handles: list[ray.actor.ActorHandle]) -> None:
+        with self._changed:
+            self._idle.setdefault(kind, []).extend(handles)
+            self._changed.notify_all()
+
+    def stop_idle(self) -> None:
+        with self._changed:
+            idle, self._idle = [h for handles in self._idle.values() for h in handles], {}
+        for handle in idle:
+            ray.kill(handle, no_restart=True)
+
+
+_parked: ParkedActors | None = None
+"""Set inside `reusing_actors()`: the idle actors of this process's finished runs."""
+
+
+@contextmanager
+def reusing_actors() -> Iterator[ParkedActors]:
+    """Within this block, runs of this process park their actors when they end and take parked ones when they start;
+    at its end the parked actors are stopped. Nested blocks share the outer one's actors. Yields the block's tally
+    (`started_count`, `reused_count`)."""
+    global _parked
+    if _parked is not None:
+        yield _parked
+        return
+    _parked = ParkedActors(len(os.sched_getaffinity(0)) if is_local_ray() else None)
+    try:
+        yield _parked
+    finally:
+        parked, _parked = _parked, None
+        parked.stop_idle()
+
+
+def _kind(cls: type, options: dict[str, Any]) -> str:
+    return f"{cls.__module__}.{cls.__qualname__} {json.dumps(options, sort_keys=True)}"
+
+
+def start_actor(cls: type, run: str, name: str, init_args: tuple, **options: Any) -> ray.actor.ActorHandle:
+    """An actor of `cls` (1 CPU, `options`) for run `run`, built from `init_args`. Outside `reusing_actors()`: the
+    actor named `name`, created if there is none (a retry, or another object of the same run, finds it). Inside: a
+    parked actor of the same kind given `init_args` through its `reuse` method, else a new one without a name (a
+    parked actor keeps its name, which another run may then ask for)."""
+    options = {**options, **actor_options()}
+    remote = ray.remote(num_cpus=1)(cls)
+    parked = _parked
+    if parked is None:
+        return remote.options(name=name, get_if_exists=True, **options).remote(*init_args)
+    while (handle := parked.take_or_start(_kind(cls, options), run)) is not None:
+        try:
+            ray.get(handle.reuse.remote(*init_args), timeout=REUSE_TIMEOUT_S)
+            parked.tally(reused=True)
+            return handle
+        except ray.exceptions.RayTaskError:  # the config was refused: a new actor will refuse it the same way
+            ray.kill(handle, no_restart=True)
+        except (ray.exceptions.RayError, TimeoutError) as err:  # died, or stuck in a call of a failed run
+            logger.warning("a parked %s actor could not be reused (%s); starting a new one", cls.__name__, err)
+            ray.kill(handle, no_restart=True)
+    if ray.available_resources().get("CPU", 0) < 1:
+        parked.stop_idle()  # their resources go to the new actor
+    actor = remote.options(**options).remote(*init_args)
+    parked.tally(reused=False)
+    ready = actor.__ray_ready__.remote().future()
+    ready.add_done_callback(lambda _: parked.started())
+    # Ray's count of free CPUs lags: should the new actor still wait for the resources idle ones hold, they go.
+    timer = threading.Timer(PENDING_S, lambda: ready.done() or parked.stop_idle())
+    timer.daemon = True
+    timer.start()
+    return actor
+
+
+def park(cls: type, handles: list[ray.actor.ActorHandle], **options: Any) -> bool:
+    """Inside `reusing_actors()`: keep `handles` (actors of `cls` started by `start_actor` with `options`) for the
+    next run, and return True. Outside: False, and the caller stops them."""
+    parked = _parked
+    if parked is None:
+        return False
+    parked.put(_kind(cls, {**options, **actor_options()}), handles)
+    return True
