@@ -5,7 +5,8 @@ concurrency limit, and a fork of a long run, in one process (issue 46, item 5).
    time is mostly start-up; `--members / 2` seeds x 2 learning rates, one env worker and one trainer rank each),
    swept twice under two names into two stores: all at once (`max_concurrent` = `--members`), then one at a time
    (`max_concurrent` = 1). Both train the same members to the same weights (`identical_work`: every member's policy
-   hash equals its twin's). Timed on each side: the sweep flow's call, from its start to its report written (the
+   hash equals its twin's). On both sides a member takes the actor processes an earlier member of its sweep parked
+   (`rl_core.runtime.warm_actors`); each sweep starts with none, and its log says how many it started and reused. Timed on each side: the sweep flow's call, from its start to its report written (the
    members' actors starting, their iterations and final evaluations, the report). Counted on neither side: the
    interpreter and its imports, Prefect's temporary API, a one-member warm-up sweep (the driver's first import of the
    control flow and its kernels' lookup), and Ray's start (`ray_start_s`): one local Ray serves the whole bench,
