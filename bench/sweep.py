@@ -6,18 +6,20 @@ concurrency limit, and a fork of a long run, in one process (issue 46, item 5).
    swept twice under two names into two stores: all at once (`max_concurrent` = `--members`), then one at a time
    (`max_concurrent` = 1). Both train the same members to the same weights (`identical_work`: every member's policy
    hash equals its twin's). On both sides a member takes the actor processes an earlier member of its sweep parked
-   (`rl_core.runtime.warm_actors`); each sweep starts with none, and its log says how many it started and reused. Timed on each side: the sweep flow's call, from its start to its report written (the
-   members' actors starting, their iterations and final evaluations, the report). Counted on neither side: the
-   interpreter and its imports, Prefect's temporary API, a one-member warm-up sweep (the driver's first import of the
-   control flow and its kernels' lookup), and Ray's start (`ray_start_s`): one local Ray serves the whole bench,
-   started first with the logical CPUs the concurrent sweep asks for (`ensure_ray`: CPUs for `max_concurrent`
-   members), which every sweep's own `ensure_ray` then finds running. `concurrent_over_sequential_with_ray_start`
-   adds that start to both sides, as two commands would each pay it. The concurrent side runs first, so whatever
-   running earlier warms helps the sequential side. Env steps/s: every member's training env steps (their final
-   evaluations not counted) over the side's wall time. Where the time goes: `*_cores_busy`, the cores this bench's
-   processes kept busy on average (2 is a saturated 2-core machine; `*_machine_cores_busy` above it is someone else's
-   load), and `concurrent_last_start_s`, when the last member's run began after the concurrent sweep's call (with a
-   slot for every member, all begin at once unless something holds them back).
+   (`rl_core.runtime.warm_actors`); each sweep starts with none, and its log says how many it started and reused.
+   Timed on each side: the sweep flow's call, from its start to its report written (the members' actors starting,
+   their iterations and final evaluations, the report). Counted on neither side: the interpreter and its imports,
+   Prefect's temporary API, a one-member warm-up sweep (the driver's first import of the control flow and its
+   kernels' lookup), and Ray's start (`ray_start_s`): one local Ray serves the whole bench, started first with the
+   logical CPUs the concurrent sweep asks for (`ensure_ray`: CPUs for `max_concurrent` members), which every sweep's
+   own `ensure_ray` then finds running. `concurrent_over_sequential_with_ray_start` adds that start to both sides, as
+   two commands would each pay it. The concurrent side runs first, so whatever running earlier warms helps the
+   sequential side. Env steps/s: every member's training env steps (their final evaluations not counted) over the
+   side's wall time. Where the time goes: `*_cores_busy`, the cores this bench's processes kept busy on average (2 is
+   a saturated 2-core machine; `*_machine_cores_busy` above it is someone else's load), `*_driver_cores_busy`, the
+   share of it that this process took (Python's lock lets it use about one core, however many members it runs), and
+   `concurrent_last_start_s`, when the last member's run began after the concurrent sweep's call (with a slot for
+   every member, all begin at once unless something holds them back).
 2. The queue: `--queued` members (seeds 0..N-1) through `--queue-limit` at a time: how many completed, whether every
    committed version of every member verifies (`CheckpointStore.verify`), the wall time.
 3. Fork: bench/fork.py's measurement (`measure_fork`) of a `--versions`-version run: the fork's bytes written over
@@ -69,9 +71,11 @@ class CpuSeconds:
             self.now()
             time.sleep(every_s)
 
-    def now(self) -> tuple[float, float]:
-        """(this tree's CPU seconds so far, the machine's busy seconds so far: idle, I/O waits and steal left out)."""
+    def now(self) -> tuple[float, float, float]:
+        """(this tree's CPU seconds so far, the machine's busy seconds so far: idle, I/O waits and steal left out, this
+        process's own: the driver, whose threads run every member's flow)."""
         me = psutil.Process()
+        driver = me.cpu_times()
         for proc in (me, *me.children(recursive=True)):
             try:
                 with proc.oneshot():
@@ -83,16 +87,18 @@ class CpuSeconds:
         machine = psutil.cpu_times()
         busy = machine.user + machine.nice + machine.system + machine.irq + machine.softirq
         with self._lock:
-            return sum(self._last.values()), busy
+            return sum(self._last.values()), busy, driver.user + driver.system
 
 
 class Timed(NamedTuple):
-    """One sweep flow call: its wall time, the cores kept busy meanwhile (this bench's, the machine's), when each
+    """One sweep flow call: its wall time, the cores kept busy meanwhile (this bench's, the machine's, the driver
+    process's), when each
     member's run began (seconds after the call), and the flow's final state (a failed member fails it)."""
 
     wall_s: float
     cores_busy: float
     machine_cores_busy: float
+    driver_cores_busy: float
     member_starts_s: list[float]
     state: Any
 
@@ -105,8 +111,8 @@ def timed_sweep(spec: Any, cpu: CpuSeconds) -> Timed:
     called_at, started, before = time.time(), time.perf_counter(), cpu.now()
     state = sweep(**given, return_state=True)
     wall_s = time.perf_counter() - started
-    own, machine = ((b - a) / wall_s for a, b in zip(before, cpu.now()))
-    return Timed(wall_s, own, machine, [t - called_at for t in member_starts(spec)], state)
+    own, machine, driver = ((b - a) / wall_s for a, b in zip(before, cpu.now()))
+    return Timed(wall_s, own, machine, driver, [t - called_at for t in member_starts(spec)], state)
 
 
 def member_starts(spec: Any) -> list[float]:
@@ -156,7 +162,8 @@ def together_or_in_turn(work: str, members: int, options: dict[str, Any], cpu: C
             raise SystemExit(f"the {side} sweep failed: {timed.state.message}")
         sides[side] = (timed, outcome(spec))
         print(f"{side}: {members} members in {timed.wall_s:.1f} s, cores busy {timed.cores_busy:.2f} (machine "
-              f"{timed.machine_cores_busy:.2f}), members began {[round(s, 1) for s in timed.member_starts_s]} s "
+              f"{timed.machine_cores_busy:.2f}, driver {timed.driver_cores_busy:.2f}), members began "
+              f"{[round(s, 1) for s in timed.member_starts_s]} s "
               "after the call", file=sys.stderr)
     (together, together_found), (in_turn, in_turn_found) = sides["concurrent"], sides["sequential"]
     figures: dict[str, Any] = {"members": members, "preset": options["preset"], "iterations": options["iterations"],
@@ -166,7 +173,8 @@ def together_or_in_turn(work: str, members: int, options: dict[str, Any], cpu: C
                         f"{side}_env_steps_per_s": round(sum(m["env_steps"] for m in found.values()) / timed.wall_s,
                                                          1),
                         f"{side}_cores_busy": round(timed.cores_busy, 2),
-                        f"{side}_machine_cores_busy": round(timed.machine_cores_busy, 2)})
+                        f"{side}_machine_cores_busy": round(timed.machine_cores_busy, 2),
+                        f"{side}_driver_cores_busy": round(timed.driver_cores_busy, 2)})
     figures["concurrent_last_start_s"] = round(max(together.member_starts_s), 2)
     figures["identical_work"] = together_found.keys() == in_turn_found.keys() and all(
         m["policy_sha256"] is not None and m["policy_sha256"] == in_turn_found[k]["policy_sha256"]

@@ -7,9 +7,10 @@ which builds again everything its constructor builds). Nothing a run leaves in s
 one computes: its seeds, weights and envs come from its config and its store, so results are bit-identical to fresh
 processes (tests/flows/test_sweep_warm_actors.py).
 
-On a local Ray, at most one actor per core starts at a time, and the runs that began first start theirs first: many
-members begun together then finish their start-up one after another, and the later ones take the actors the earlier
-ones park instead of each starting their own at once on a machine that cannot run them.
+On a local Ray, at most one actor per core starts at a time, the runs that began first before the others, and a run
+waits instead of starting one while another run is expected to park an actor of that kind sooner than a new one would
+start (both times measured as the sweep goes). Many short members begun together then share a few processes instead of
+each starting its own at once on a machine that cannot run them; long members start theirs.
 
 Parked actors hold their Ray resources. A new actor is created only when none of its kind is idle; when Ray has no
 CPU free for it, or it has not started after `PENDING_S`, the idle actors are stopped, so a run never waits for
@@ -21,6 +22,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -36,21 +38,28 @@ REUSE_TIMEOUT_S = 60.0
 parked actor still inside a call of a failed run answers only when that call ends)."""
 
 
+WAIT_POLL_S = 0.1
+"""How often a request waiting for a parked actor checks whether it should start one after all."""
+
 PENDING_S = 10.0
 """How long a new actor may take to start before the idle actors are stopped, in case it waits for their resources."""
 
 
 class ParkedActors:
     """Idle actors by kind (class and options), and the start slots: `slots` actors starting at once (None: any
-    number), granted to the waiting requests of the run that asked first."""
+    number), granted to the waiting requests of the run that asked first. A request waits instead of starting an actor
+    while a run is expected to park one of its kind sooner than a new one would start (both times measured here)."""
 
     def __init__(self, slots: int | None) -> None:
         self._changed = threading.Condition()
         self._idle: dict[str, list[ray.actor.ActorHandle]] = {}
         self._free = slots
         self._runs: dict[str, int] = {}  # run -> its rank in the order runs first asked
-        self._waiting: list[tuple[int, int]] = []  # (run's rank, request number) of the requests waiting
+        self._starting: list[tuple[int, int]] = []  # (run's rank, request number) of the requests waiting to start
         self._requests = 0
+        self._held: dict[str, dict[int, float]] = {}  # kind -> id of an actor a run holds -> since when
+        self._start_s: float | None = None  # how long a new actor takes to start (moving average)
+        self._hold_s: float | None = None  # how long a run holds an actor (moving average)
         self.started_count = self.reused_count = 0
 
     def take_or_start(self, kind: str, run: str) -> ray.actor.ActorHandle | None:
@@ -58,27 +67,52 @@ class ParkedActors:
         with self._changed:
             self._requests += 1
             me = (self._runs.setdefault(run, len(self._runs)), self._requests)
-            self._waiting.append(me)
             try:
                 while True:
                     if idle := self._idle.get(kind):
-                        return idle.pop()
+                        handle = idle.pop()
+                        self._held.setdefault(kind, {})[id(handle)] = time.monotonic()
+                        return handle
                     if self._free is None:
                         return None
-                    if self._free > 0 and min(self._waiting) == me:
-                        self._free -= 1
-                        return None
-                    self._changed.wait()
+                    if self._park_expected(kind):
+                        if me in self._starting:
+                            self._starting.remove(me)
+                    else:
+                        if me not in self._starting:
+                            self._starting.append(me)
+                        if self._free > 0 and min(self._starting) == me:
+                            self._free -= 1
+                            return None
+                    self._changed.wait(timeout=WAIT_POLL_S)
             finally:
-                self._waiting.remove(me)
+                if me in self._starting:
+                    self._starting.remove(me)
                 self._changed.notify_all()
 
-    def started(self) -> None:
-        """An actor holding a start slot has started (or failed to)."""
+    def _park_expected(self, kind: str) -> bool:
+        """Whether a run holding an actor of `kind` is expected to park it before a new one would start (and is not
+        overdue by more than that)."""
+        if self._start_s is None or self._hold_s is None:
+            return False
+        now = time.monotonic()
+        return any(-self._start_s < since + self._hold_s - now < self._start_s
+                   for since in self._held.get(kind, {}).values())
+
+    def started(self, kind: str, handle: ray.actor.ActorHandle, seconds: float | None) -> None:
+        """An actor holding a start slot has started after `seconds` (None: it failed to)."""
         with self._changed:
+            if seconds is not None:
+                self._start_s = _averaged(self._start_s, seconds)
+                self._held.setdefault(kind, {})[id(handle)] = time.monotonic()
             if self._free is not None:
                 self._free += 1
-                self._changed.notify_all()
+            self._changed.notify_all()
+
+    def dropped(self, kind: str, handle: ray.actor.ActorHandle) -> None:
+        """A taken actor turned out dead or stuck, and was stopped."""
+        with self._changed:
+            self._held.get(kind, {}).pop(id(handle), None)
 
     def tally(self, reused: bool) -> None:
         with self._changed:
@@ -89,6 +123,11 @@ class ParkedActors:
 
     def put(self, kind: str, handles: list[ray.actor.ActorHandle]) -> None:
         with self._changed:
+            held, now = self._held.get(kind, {}), time.monotonic()
+            for handle in handles:
+                since = held.pop(id(handle), None)
+                if since is not None:
+                    self._hold_s = _averaged(self._hold_s, now - since)
             self._idle.setdefault(kind, []).extend(handles)
             self._changed.notify_all()
 
@@ -97,6 +136,11 @@ class ParkedActors:
             idle, self._idle = [h for handles in self._idle.values() for h in handles], {}
         for handle in idle:
             ray.kill(handle, no_restart=True)
+
+
+def _averaged(average: float | None, value: float) -> float:
+    """A moving average that follows the last few values."""
+    return value if average is None else 0.7 * average + 0.3 * value
 
 
 _parked: ParkedActors | None = None
@@ -134,7 +178,8 @@ def start_actor(cls: type, run: str, name: str, init_args: tuple, **options: Any
     parked = _parked
     if parked is None:
         return remote.options(name=name, get_if_exists=True, **options).remote(*init_args)
-    while (handle := parked.take_or_start(_kind(cls, options), run)) is not None:
+    kind = _kind(cls, options)
+    while (handle := parked.take_or_start(kind, run)) is not None:
         try:
             ray.get(handle.reuse.remote(*init_args), timeout=REUSE_TIMEOUT_S)
             parked.tally(reused=True)
@@ -144,12 +189,14 @@ def start_actor(cls: type, run: str, name: str, init_args: tuple, **options: Any
         except (ray.exceptions.RayError, TimeoutError) as err:  # died, or stuck in a call of a failed run
             logger.warning("a parked %s actor could not be reused (%s); starting a new one", cls.__name__, err)
             ray.kill(handle, no_restart=True)
+        parked.dropped(kind, handle)
     if ray.available_resources().get("CPU", 0) < 1:
         parked.stop_idle()  # their resources go to the new actor
     actor = remote.options(**options).remote(*init_args)
     parked.tally(reused=False)
-    ready = actor.__ray_ready__.remote().future()
-    ready.add_done_callback(lambda _: parked.started())
+    created, ready = time.monotonic(), actor.__ray_ready__.remote().future()
+    ready.add_done_callback(lambda done: parked.started(
+        kind, actor, None if done.exception() else time.monotonic() - created))
     # Ray's count of free CPUs lags: should the new actor still wait for the resources idle ones hold, they go.
     timer = threading.Timer(PENDING_S, lambda: ready.done() or parked.stop_idle())
     timer.daemon = True
