@@ -28,18 +28,6 @@ def test_every_benchmark_script_imports_and_parses_its_arguments() -> None:
 
 
 @pytest.mark.slow
-def test_simulate_scale_brings_a_pool_from_zero_to_a_first_step() -> None:
-    """`--scale` at N=100 only (the 100,000 of a real run takes ~18 GB): its JSON carries the figures per N."""
-    command = [sys.executable, str(BENCH / "simulate.py"), "--scale", "--scale-sizes", "100", "--scale-workers", "1",
-               "--seconds", "0.2"]
-    proc = subprocess.run(command, cwd=BENCH.parent, text=True, capture_output=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["scale_100_s"] > 0 and out["scale_100_kb_per_env"] > 0 and out["scale_100_steps_per_s"] > 0
-    assert out["scale_100k_s"].startswith("not measured")
-
-
-@pytest.mark.slow
 def test_simulate_limit_replays_the_env_steps_the_batch_took() -> None:
     """The physical limit is the same physics on the same states: each env step it replays (state, warm start,
     action) ends where the batch's own step ended, bit for bit; only envs the batch reset in between differ."""

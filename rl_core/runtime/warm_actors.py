@@ -24,6 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
@@ -60,6 +61,7 @@ class ParkedActors:
         self._held: dict[str, dict[int, float]] = {}  # kind -> id of an actor a run holds -> since when
         self._start_s: float | None = None  # how long a new actor takes to start (moving average)
         self._hold_s: float | None = None  # how long a run holds an actor (moving average)
+        self._timers: list[threading.Timer] = []
         self.started_count = self.reused_count = 0
 
     def take_or_start(self, kind: str, run: str) -> ray.actor.ActorHandle | None:
@@ -99,12 +101,12 @@ class ParkedActors:
         return any(-self._start_s < since + self._hold_s - now < self._start_s
                    for since in self._held.get(kind, {}).values())
 
-    def started(self, kind: str, handle: ray.actor.ActorHandle, seconds: float | None) -> None:
-        """An actor holding a start slot has started after `seconds` (None: it failed to)."""
+    def started(self, kind: str, handle_id: int, seconds: float | None) -> None:
+        """An actor (`id()` of its handle) holding a start slot has started after `seconds` (None: it failed to)."""
         with self._changed:
             if seconds is not None:
                 self._start_s = _averaged(self._start_s, seconds)
-                self._held.setdefault(kind, {})[id(handle)] = time.monotonic()
+                self._held.setdefault(kind, {})[handle_id] = time.monotonic()
             if self._free is not None:
                 self._free += 1
             self._changed.notify_all()
@@ -131,6 +133,25 @@ class ParkedActors:
             self._idle.setdefault(kind, []).extend(handles)
             self._changed.notify_all()
 
+    def watch(self, ready: Future) -> None:
+        """Stop the idle actors if a new actor (`ready`: its start) has not started after `PENDING_S`, in case it waits
+        for resources they hold: Ray's count of free CPUs lags."""
+        timer = threading.Timer(PENDING_S, lambda: ready.done() or self.stop_idle())
+        timer.name, timer.daemon = WATCH_THREAD, True
+        with self._changed:
+            self._timers.append(timer)
+        timer.start()
+
+    def close(self) -> None:
+        """Stop the idle actors and the watches. No thread of this object outlives it: one that dropped a reference of
+        Ray's while Ray shuts down would end the process ("the core worker has already been shutdown")."""
+        with self._changed:
+            timers, self._timers = self._timers, []
+        for timer in timers:
+            timer.cancel()
+            timer.join()
+        self.stop_idle()
+
     def stop_idle(self) -> None:
         with self._changed:
             idle, self._idle = [h for handles in self._idle.values() for h in handles], {}
@@ -142,6 +163,8 @@ def _averaged(average: float | None, value: float) -> float:
     """A moving average that follows the last few values."""
     return value if average is None else 0.7 * average + 0.3 * value
 
+
+WATCH_THREAD = "gymflow-actor-start-watch"
 
 _parked: ParkedActors | None = None
 """Set inside `reusing_actors()`: the idle actors of this process's finished runs."""
@@ -161,7 +184,7 @@ def reusing_actors() -> Iterator[ParkedActors]:
         yield _parked
     finally:
         parked, _parked = _parked, None
-        parked.stop_idle()
+        parked.close()
 
 
 def _kind(cls: type, options: dict[str, Any]) -> str:
@@ -194,13 +217,10 @@ def start_actor(cls: type, run: str, name: str, init_args: tuple, **options: Any
         parked.stop_idle()  # their resources go to the new actor
     actor = remote.options(**options).remote(*init_args)
     parked.tally(reused=False)
-    created, ready = time.monotonic(), actor.__ray_ready__.remote().future()
+    created, ready, handle_id = time.monotonic(), actor.__ray_ready__.remote().future(), id(actor)
     ready.add_done_callback(lambda done: parked.started(
-        kind, actor, None if done.exception() else time.monotonic() - created))
-    # Ray's count of free CPUs lags: should the new actor still wait for the resources idle ones hold, they go.
-    timer = threading.Timer(PENDING_S, lambda: ready.done() or parked.stop_idle())
-    timer.daemon = True
-    timer.start()
+        kind, handle_id, None if done.exception() else time.monotonic() - created))
+    parked.watch(ready)
     return actor
 
 

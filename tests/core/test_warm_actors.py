@@ -17,7 +17,7 @@ from rl_core.config.presets import build_control_config
 from rl_core.data import read_tensors
 from rl_core.runtime.commits import commit_initial
 from rl_core.runtime.control.actors import ControlActors
-from rl_core.runtime.warm_actors import ParkedActors, reusing_actors
+from rl_core.runtime.warm_actors import WATCH_THREAD, ParkedActors, reusing_actors
 
 
 def _run(tmp_path, seed: int) -> ControlActors:
@@ -96,6 +96,9 @@ def test_a_parked_actor_that_died_is_replaced_and_leaving_the_block_stops_the_pa
         parked = second.env_pool._actor(0)
         second.release()
     assert _stopped(parked)
+    # The new worker's start was watched on a thread: one left running could drop a reference of Ray's while Ray
+    # shuts down, which ends the process (seen in CI: bench/sweep.py exited 1 after its last sweep).
+    assert [t for t in threading.enumerate() if t.name == WATCH_THREAD] == []
 
 
 def test_outside_the_block_a_released_run_stops_its_actors(tmp_path, local_ray) -> None:
@@ -119,7 +122,7 @@ def test_start_slots_go_to_the_run_that_asked_first_and_a_parked_actor_needs_non
     assert parked.take_or_start("env", "a") is None  # run a holds the slot
     later = ask("b", "env")
     earlier = ask("a", "rank")  # run a asked before b did: its next request goes first
-    parked.started("env", object(), None)  # it failed to start: the slot is free again
+    parked.started("env", 1, None)  # it failed to start: the slot is free again
     earlier.join(5)
     assert order == ["a:None"]
     parked.put("env", ["a parked env worker"])  # b takes it without waiting for the slot
@@ -131,7 +134,7 @@ def test_a_request_waits_for_a_park_expected_sooner_than_a_start_and_starts_once
     parked = ParkedActors(slots=2)
     worker = object()
     assert parked.take_or_start("env", "a") is None
-    parked.started("env", worker, seconds=1.0)  # starts take 1 s here
+    parked.started("env", id(worker), seconds=1.0)  # starts take 1 s here
     parked.put("env", [worker])  # runs hold an actor for ~0 s
     assert parked.take_or_start("env", "b") is worker
     got: list = []
@@ -145,3 +148,4 @@ def test_a_request_waits_for_a_park_expected_sooner_than_a_start_and_starts_once
     began = time.monotonic()
     assert parked.take_or_start("env", "d") is None  # run c's worker is overdue: d starts one
     assert time.monotonic() - began > 0.5
+
