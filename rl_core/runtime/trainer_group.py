@@ -155,7 +155,7 @@ class TrainerGroup:
         """The run is done with its ranks: park them for the next run (`warm_actors`: a parked rank leaves its group
         when reused), or stop them."""
         with self._lock:
-            if park(TrainerRank, self._ranks + self._booting):
+            if park(self._ranks + self._booting):
                 self._forget()
             else:
                 self._kill()

@@ -45,6 +45,9 @@ WAIT_POLL_S = 0.1
 PENDING_S = 10.0
 """How long a new actor may take to start before the idle actors are stopped, in case it waits for their resources."""
 
+WATCH_THREAD = "gymflow-actor-start-watch"
+"""The name of the threads that wait `PENDING_S` for a new actor's start."""
+
 
 class ParkedActors:
     """Idle actors by kind (class and options), and the start slots: `slots` actors starting at once (None: any
@@ -62,6 +65,7 @@ class ParkedActors:
         self._start_s: float | None = None  # how long a new actor takes to start (moving average)
         self._hold_s: float | None = None  # how long a run holds an actor (moving average)
         self._timers: list[threading.Timer] = []
+        self._kinds: dict[int, str] = {}  # id of every handle `start_actor` gave out -> its kind
         self.started_count = self.reused_count = 0
 
     def take_or_start(self, kind: str, run: str) -> ray.actor.ActorHandle | None:
@@ -123,15 +127,27 @@ class ParkedActors:
             else:
                 self.started_count += 1
 
-    def put(self, kind: str, handles: list[ray.actor.ActorHandle]) -> None:
+    def gave(self, kind: str, handle: ray.actor.ActorHandle) -> ray.actor.ActorHandle:
+        """Remember `handle`'s kind, for `put`; returns it."""
         with self._changed:
-            held, now = self._held.get(kind, {}), time.monotonic()
+            self._kinds[id(handle)] = kind
+        return handle
+
+    def put(self, handles: list[ray.actor.ActorHandle]) -> list[ray.actor.ActorHandle]:
+        """Park `handles`, each under the kind it was given out as; returns those not given out here."""
+        with self._changed:
+            now, unknown = time.monotonic(), []
             for handle in handles:
-                since = held.pop(id(handle), None)
+                kind = self._kinds.get(id(handle))
+                if kind is None:
+                    unknown.append(handle)
+                    continue
+                since = self._held.get(kind, {}).pop(id(handle), None)
                 if since is not None:
                     self._hold_s = _averaged(self._hold_s, now - since)
-            self._idle.setdefault(kind, []).extend(handles)
+                self._idle.setdefault(kind, []).append(handle)
             self._changed.notify_all()
+        return unknown
 
     def watch(self, ready: Future) -> None:
         """Stop the idle actors if a new actor (`ready`: its start) has not started after `PENDING_S`, in case it waits
@@ -163,8 +179,6 @@ def _averaged(average: float | None, value: float) -> float:
     """A moving average that follows the last few values."""
     return value if average is None else 0.7 * average + 0.3 * value
 
-
-WATCH_THREAD = "gymflow-actor-start-watch"
 
 _parked: ParkedActors | None = None
 """Set inside `reusing_actors()`: the idle actors of this process's finished runs."""
@@ -206,7 +220,7 @@ def start_actor(cls: type, run: str, name: str, init_args: tuple, **options: Any
         try:
             ray.get(handle.reuse.remote(*init_args), timeout=REUSE_TIMEOUT_S)
             parked.tally(reused=True)
-            return handle
+            return parked.gave(kind, handle)
         except ray.exceptions.RayTaskError:  # the config was refused: a new actor will refuse it the same way
             ray.kill(handle, no_restart=True)
         except (ray.exceptions.RayError, TimeoutError) as err:  # died, or stuck in a call of a failed run
@@ -221,14 +235,15 @@ def start_actor(cls: type, run: str, name: str, init_args: tuple, **options: Any
     ready.add_done_callback(lambda done: parked.started(
         kind, handle_id, None if done.exception() else time.monotonic() - created))
     parked.watch(ready)
-    return actor
+    return parked.gave(kind, actor)
 
 
-def park(cls: type, handles: list[ray.actor.ActorHandle], **options: Any) -> bool:
-    """Inside `reusing_actors()`: keep `handles` (actors of `cls` started by `start_actor` with `options`) for the
-    next run, and return True. Outside: False, and the caller stops them."""
+def park(handles: list[ray.actor.ActorHandle]) -> bool:
+    """Inside `reusing_actors()`: keep `handles` (actors `start_actor` gave out) for the next run, stop any others, and
+    return True. Outside: False, and the caller stops them."""
     parked = _parked
     if parked is None:
         return False
-    parked.put(_kind(cls, {**options, **actor_options()}), handles)
+    for handle in parked.put(handles):
+        ray.kill(handle, no_restart=True)
     return True

@@ -125,7 +125,7 @@ def test_start_slots_go_to_the_run_that_asked_first_and_a_parked_actor_needs_non
     parked.started("env", 1, None)  # it failed to start: the slot is free again
     earlier.join(5)
     assert order == ["a:None"]
-    parked.put("env", ["a parked env worker"])  # b takes it without waiting for the slot
+    parked.put([parked.gave("env", "a parked env worker")])  # b takes it without waiting for the slot
     later.join(5)
     assert order == ["a:None", "b:a parked env worker"]
 
@@ -135,14 +135,14 @@ def test_a_request_waits_for_a_park_expected_sooner_than_a_start_and_starts_once
     worker = object()
     assert parked.take_or_start("env", "a") is None
     parked.started("env", id(worker), seconds=1.0)  # starts take 1 s here
-    parked.put("env", [worker])  # runs hold an actor for ~0 s
+    parked.put([parked.gave("env", worker)])  # runs hold an actor for ~0 s
     assert parked.take_or_start("env", "b") is worker
     got: list = []
     waiting = threading.Thread(target=lambda: got.append(parked.take_or_start("env", "c")))
     waiting.start()
     time.sleep(0.3)
     assert waiting.is_alive()  # a slot is free, but run b should park its worker sooner than a new one starts
-    parked.put("env", [worker])
+    parked.put([worker])
     waiting.join(5)
     assert got == [worker]
     began = time.monotonic()

@@ -140,7 +140,7 @@ class EnvWorkerPool:
 
     def release(self) -> None:
         """The run is done with its workers: park them for the next run (`warm_actors`), or stop them."""
-        if park(EnvWorker, list(self._actors.values()), max_concurrency=1):
+        if park(list(self._actors.values())):
             self._actors = {}
         else:
             self.shutdown()
